@@ -1,0 +1,1 @@
+"""The HarmonAIze host agent: observers, micro-level loops, operator socket, uplink."""

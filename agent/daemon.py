@@ -1,0 +1,274 @@
+"""The agent's daemon shell: reads observers, steps the engines, applies, serves.
+
+All decisions live in sans-I/O engines (:mod:`agent.health`, :mod:`agent.outbox`);
+this module owns the clock, the sockets, signals and systemd notification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import zmq.asyncio
+
+from agent import config as agent_config
+from agent.config import AgentConfig
+from agent.health import HostHealthEngine, Republisher
+from agent.observers import ObserverSet
+from agent.uplink import Uplink
+from harmonaize import __version__
+from harmonaize.config import ConfigError
+from harmonaize.messages import Hello, HostEvent, HostSummary, Severity
+from harmonaize.opsocket import Command, CommandError, OperatorSocket
+from harmonaize.schema import to_plain
+from harmonaize.sdnotify import Notifier
+
+log = logging.getLogger("harmonaize.agent")
+
+
+class AgentDaemon:
+    def __init__(self, cfg: AgentConfig, cfg_path: Path | None = None) -> None:
+        self.cfg = cfg
+        self.cfg_path = cfg_path
+        self.host_id = cfg.agent.host_id or socket.gethostname()
+        self.epoch = int(time.time() * 1e6)
+        self.started_at = time.monotonic()
+        self.notifier = Notifier()
+        self.observers = ObserverSet.from_config(cfg)
+        self.health = HostHealthEngine(cfg.observers.host)
+        self.republisher = Republisher(cfg.controller.summary_refresh)
+        self.summary: HostSummary | None = None
+        self.drained: str | None = None
+        self.ready = False
+        self.passes = 0
+        self.overruns = 0
+        self.last_pass_seconds = 0.0
+        self.events_logged = 0
+        self._stop = asyncio.Event()
+        self._ctx: zmq.asyncio.Context | None = None
+        self.uplink: Uplink | None = None
+        self.opsocket = OperatorSocket(
+            cfg.socket.path, self._commands(), group=cfg.socket.group, mode=cfg.socket.mode
+        )
+        self._last_watchdog = 0.0
+
+    # --- identity -------------------------------------------------------------------------
+
+    @property
+    def gpu_class(self) -> str:
+        return "none" if self.cfg.agent.gpu_class == "auto" else self.cfg.agent.gpu_class
+
+    def _hello(self, acked: int) -> Hello:
+        return Hello(
+            pool=self.cfg.agent.pool,
+            gpu_class=self.gpu_class,
+            gpus=self.summary.gpus_total if self.summary else 0,
+            version=__version__,
+            epoch=self.epoch,
+            acked=acked,
+            heartbeat=self.cfg.controller.heartbeat,
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)  # result is logged
+        self.notifier.status("starting observers")
+        Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
+        self.observers.start_all()
+        await self.opsocket.start()
+        if self.cfg.controller.endpoint:
+            self._ctx = zmq.asyncio.Context()
+            self.uplink = Uplink(
+                self._ctx, self.cfg.controller, self.host_id, self._hello,
+                on_resync=self.republisher.force,
+            )
+            self.uplink.connect()
+        self._step(time.time())  # first summary before we call ourselves ready
+        self.ready = True
+        self.notifier.ready(self._status_line())
+        log.info("agent %s ready: %s", self.host_id, self._status_line())
+        tasks = [asyncio.create_task(self._sampling_loop(), name="sampling")]
+        if self.uplink is not None:
+            tasks.append(asyncio.create_task(self.uplink.run(self._stop), name="uplink"))
+        try:
+            stopper = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            await self._shutdown(tasks)
+        return 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
+        self.notifier.stopping()
+        log.info("agent %s stopping", self.host_id)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.uplink is not None:
+            self.uplink.close("agent stopping")
+        if self._ctx is not None:
+            self._ctx.term()
+        await self.opsocket.close()
+        self.observers.stop_all()
+        self.notifier.close()
+
+    def reload(self) -> str | None:
+        """SIGHUP: re-read the configuration; a bad file keeps the running one.
+
+        Returns the error that refused the new file, if any.
+        """
+        self.notifier.reloading()
+        try:
+            new, _ = agent_config.load(self.cfg_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            self.notifier.notify("READY=1", f"STATUS=reload failed: {exc}")
+            return str(exc)
+        restart_needed = [
+            key
+            for key, old, fresh in (
+                ("agent.host_id", self.cfg.agent.host_id, new.agent.host_id),
+                ("socket", self.cfg.socket, new.socket),
+                ("controller.endpoint", self.cfg.controller.endpoint, new.controller.endpoint),
+                ("agent.state_dir", self.cfg.agent.state_dir, new.agent.state_dir),
+            )
+            if old != fresh
+        ]
+        if restart_needed:
+            log.warning("changes to %s take effect at the next restart", ", ".join(restart_needed))
+        if new.observers != self.cfg.observers:
+            self.observers.stop_all()
+            self.observers = ObserverSet.from_config(new)
+            self.observers.start_all()
+            self.health = HostHealthEngine(new.observers.host)
+        self.republisher.refresh = new.controller.summary_refresh
+        logging.getLogger().setLevel(new.agent.log_level.value.upper())
+        self.cfg = new
+        self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
+        log.info("configuration reloaded from %s", self.cfg_path or "built-in defaults")
+        return None
+
+    # --- the sampling loop ---------------------------------------------------------------
+
+    async def _sampling_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            began = time.perf_counter()
+            self._step(time.time())
+            self.last_pass_seconds = time.perf_counter() - began
+            self._feed_watchdog()
+            deadline += self.cfg.agent.interval
+            delay = deadline - loop.time()
+            if delay < 0:  # fell behind: skip the missed ticks rather than bursting
+                self.overruns += 1
+                deadline = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    def _step(self, now: float) -> None:
+        observations = self.observers.sample_all(now)
+        failing = {r.name: r.last_error or r.detail for r in self.observers.failing()}
+        result = self.health.step(observations, now, failing=failing, drained=self.drained)
+        self.passes += 1
+        self.summary = result.summary
+        for event in result.events:
+            self._emit(event)
+        if self.republisher.due(result.summary, now) and self.uplink is not None:
+            self.uplink.publish(result.summary)
+
+    def _emit(self, event: HostEvent) -> None:
+        level = logging.WARNING if event.severity is not Severity.INFO else logging.INFO
+        log.log(level, "event %s %s", event.reason, event.message)
+        self.events_logged += 1
+        if self.uplink is not None:
+            self.uplink.publish(event)
+
+    def _feed_watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval
+        now = time.monotonic()
+        if interval is not None and now - self._last_watchdog >= interval:
+            self.notifier.watchdog()
+            self._last_watchdog = now
+
+    def _status_line(self) -> str:
+        running = sum(1 for r in self.observers.records.values() if r.state.value == "running")
+        target = self.cfg.controller.endpoint or "no controller"
+        return (
+            f"sampling {running} observer(s) every {self.cfg.agent.interval * 1000:.0f} ms; "
+            f"{target}"
+        )
+
+    # --- operator commands ---------------------------------------------------------------
+
+    def _commands(self) -> dict[str, Command]:
+        return {
+            "status": Command(self._cmd_status, "agent, observers, health and uplink"),
+            "drain": Command(self._cmd_drain, "withdraw this host from capacity", changes=True),
+            "undrain": Command(self._cmd_undrain, "return this host to capacity", changes=True),
+            "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
+        }
+
+    def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.observers.refresh_details()
+        summary = self.summary
+        return {
+            "host_id": self.host_id,
+            "pool": self.cfg.agent.pool,
+            "gpu_class": self.gpu_class,
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime_seconds": round(time.monotonic() - self.started_at, 3),
+            "ready": self.ready,
+            "config": str(self.cfg_path) if self.cfg_path else None,
+            "interval_seconds": self.cfg.agent.interval,
+            "loop": {
+                "passes": self.passes,
+                "overruns": self.overruns,
+                "last_pass_seconds": round(self.last_pass_seconds, 6),
+            },
+            "health": summary.health.value if summary else None,
+            "schedulable": summary.schedulable if summary else None,
+            "conditions": [to_plain(c) for c in summary.conditions] if summary else [],
+            "observers": [r.as_dict() for r in self.observers.records.values()],
+            "uplink": self.uplink.status() if self.uplink else None,
+            "socket": asdict(self.opsocket.stats),
+        }
+
+    def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:
+        reason = args.get("reason", "drained by operator")
+        if not isinstance(reason, str) or len(reason) > 200:
+            raise CommandError("reason must be a string of at most 200 characters")
+        self.drained = reason or "drained by operator"
+        self._step(time.time())
+        return {"schedulable": False, "reason": self.drained}
+
+    def _cmd_undrain(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.drained = None
+        self._step(time.time())
+        return {"schedulable": True}
+
+    def _cmd_reload(self, args: dict[str, Any]) -> dict[str, Any]:
+        error = self.reload()
+        if error is not None:
+            raise CommandError(f"reload refused, running configuration kept: {error}")
+        return {"config": str(self.cfg_path) if self.cfg_path else None}

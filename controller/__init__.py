@@ -1,0 +1,1 @@
+"""The HarmonAIze controller: ingest, cluster state, redaction and tenant feeds."""

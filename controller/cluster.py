@@ -1,0 +1,193 @@
+"""Sans-I/O protocol core of the controller: which host is who, in what order.
+
+Connections are opaque keys (ZeroMQ routing ids). A connection is bound to a
+host by its ``hello``; anything else from an unbound connection is answered
+with ``resync``. Sequenced messages (conditions and events) are accepted only
+in order (``seq == last + 1``); duplicates and gaps are not processed and are
+answered with the last accepted sequence number, so the agent goes back and
+resends. Acknowledgements are returned to the shell, which sends them only
+after the state they cover is committed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from controller.aggregate import HostView
+from harmonaize.messages import (
+    Ack,
+    Category,
+    Envelope,
+    Goodbye,
+    Health,
+    Heartbeat,
+    Hello,
+    HostEvent,
+    HostSummary,
+    Message,
+    Resync,
+)
+
+
+class Down(StrEnum):
+    SILENT = "missed heartbeats"
+    STOPPED = "agent stopped"
+
+
+@dataclass
+class HostRecord:
+    host_id: str
+    pool: str = "default"
+    gpu_class: str = "none"
+    gpus: int = 0
+    version: str = ""
+    epoch: int = 0
+    last_seq: int = 0
+    heartbeat: float = 1.0
+    alive: bool = False
+    down_reason: str = ""
+    last_seen: float = 0.0  # monotonic time of the last message
+    summary: HostSummary | None = None
+
+    def view(self) -> HostView:
+        summary = self.summary
+        return HostView(
+            pool=self.pool,
+            gpu_class=self.gpu_class,
+            alive=self.alive,
+            schedulable=summary.schedulable if summary else True,
+            health=summary.health if summary else Health.HEALTHY,
+            gpus_healthy=summary.gpus_healthy if summary else 0,
+        )
+
+
+@dataclass(frozen=True)
+class Reply:
+    conn: bytes
+    body: Message
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    host_id: str
+    epoch: int
+    seq: int
+    time: float
+    body: HostEvent
+
+
+@dataclass
+class Cluster:
+    missed_heartbeats: int = 3
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    bindings: dict[bytes, str] = field(default_factory=dict)
+    conn_of: dict[str, bytes] = field(default_factory=dict)
+    counters: Counter[str] = field(default_factory=Counter)
+    dirty: set[str] = field(default_factory=set)
+    new_events: list[StoredEvent] = field(default_factory=list)
+    #: Set whenever something tenants may see could have changed.
+    changed: bool = True
+
+    def restore(self, records: Iterable[HostRecord], now: float) -> None:
+        """Load hosts from the database after a restart.
+
+        Hosts that were up get one liveness period of grace, so capacity does
+        not drop to zero just because the controller restarted.
+        """
+        for record in records:
+            record.last_seen = now
+            self.hosts[record.host_id] = record
+        self.changed = True
+
+    def receive(self, conn: bytes, env: Envelope, now: float) -> list[Reply]:
+        body = env.body
+        if isinstance(body, Hello):
+            return self._hello(conn, env.sender, body, now)
+        host_id = self.bindings.get(conn)
+        if host_id is None:
+            self.counters["unbound"] += 1
+            return [Reply(conn, Resync("say hello first"))]
+        if env.sender != host_id:
+            self.counters["sender_mismatch"] += 1
+            return []
+        host = self.hosts[host_id]
+        host.last_seen = now
+        if not host.alive:
+            self._set_alive(host, True)
+        if isinstance(body, Heartbeat):
+            return []
+        if isinstance(body, Goodbye):
+            self._set_alive(host, False, Down.STOPPED)
+            return []
+        if body.CATEGORY is Category.CONTROL:
+            self.counters["unexpected"] += 1
+            return []
+        if env.seq != host.last_seq + 1:
+            self.counters["duplicate" if env.seq <= host.last_seq else "out_of_order"] += 1
+            return [Reply(conn, Ack(host.last_seq))]
+        host.last_seq = env.seq
+        self.dirty.add(host_id)
+        if isinstance(body, HostSummary):
+            if body != host.summary:
+                host.summary = body
+                self.changed = True
+        elif isinstance(body, HostEvent):
+            self.new_events.append(StoredEvent(host_id, host.epoch, env.seq, env.time, body))
+        self.counters["accepted"] += 1
+        return [Reply(conn, Ack(env.seq))]
+
+    def _hello(self, conn: bytes, host_id: str, hello: Hello, now: float) -> list[Reply]:
+        bound = self.bindings.get(conn)
+        if bound is not None and bound != host_id:
+            self.counters["sender_mismatch"] += 1
+            return []
+        # One connection per host: forget the host's previous connection.
+        old_conn = self.conn_of.get(host_id)
+        if old_conn is not None and old_conn != conn:
+            self.bindings.pop(old_conn, None)
+        self.bindings[conn] = host_id
+        self.conn_of[host_id] = conn
+        host = self.hosts.get(host_id)
+        if host is None:
+            host = self.hosts[host_id] = HostRecord(host_id)
+        if host.epoch != hello.epoch:
+            # A restarted agent numbers from 1 again; trust what it says was acked.
+            host.epoch, host.last_seq = hello.epoch, hello.acked
+        if (host.pool, host.gpu_class) != (hello.pool, hello.gpu_class):
+            self.changed = True
+        host.pool, host.gpu_class = hello.pool, hello.gpu_class
+        host.gpus, host.version, host.heartbeat = hello.gpus, hello.version, hello.heartbeat
+        host.last_seen = now
+        self._set_alive(host, True)
+        self.dirty.add(host_id)
+        self.counters["hello"] += 1
+        return [Reply(conn, Ack(host.last_seq))]
+
+    def _set_alive(self, host: HostRecord, alive: bool, reason: str = "") -> None:
+        if host.alive != alive:
+            host.alive = alive
+            host.down_reason = "" if alive else reason
+            self.dirty.add(host.host_id)
+            self.changed = True
+            self.counters["host_up" if alive else "host_down"] += 1
+
+    def tick(self, now: float) -> list[str]:
+        """Count silent hosts down; returns the hosts that went down."""
+        gone = []
+        for host in self.hosts.values():
+            if host.alive and now - host.last_seen > self.missed_heartbeats * host.heartbeat:
+                self._set_alive(host, False, Down.SILENT)
+                gone.append(host.host_id)
+        return gone
+
+    def views(self) -> list[HostView]:
+        return [host.view() for host in self.hosts.values()]
+
+    def take_dirty(self) -> tuple[list[HostRecord], list[StoredEvent]]:
+        records = [self.hosts[h] for h in sorted(self.dirty)]
+        events, self.new_events = self.new_events, []
+        self.dirty.clear()
+        return records, events

@@ -1,0 +1,44 @@
+"""``harmonaize-controller``: the central service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from controller import config as controller_config
+from controller.server import ControllerServer
+from harmonaize import __version__
+from harmonaize.config import ConfigError
+from harmonaize.logs import configure_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="harmonaize-controller",
+        description="HarmonAIze controller: ingests agents' aggregated events, keeps cluster "
+        "state, and publishes redacted feeds to tenants.",
+    )
+    parser.add_argument(
+        "-c", "--config", type=Path, default=None,
+        help=f"configuration file (default {controller_config.DEFAULT_PATH}, optional)",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    args = parser.parse_args(argv)
+    try:
+        cfg, path = controller_config.load(args.config)
+    except ConfigError as exc:
+        print(f"harmonaize-controller: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.controller.log_level.value)
+    try:
+        server = ControllerServer(cfg, path)
+        return asyncio.run(server.run())
+    except (RuntimeError, OSError) as exc:
+        print(f"harmonaize-controller: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The controller's durable state: SQLite in WAL mode.
+
+Writes are batched: the shell applies a batch of agent messages in memory,
+then :meth:`Store.flush` commits the changed hosts and new events in one
+transaction, and only then are the acknowledgements sent.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgpack
+
+from controller.cluster import HostRecord, StoredEvent
+from harmonaize.messages import HostSummary
+from harmonaize.schema import SchemaError, from_plain, to_plain
+
+SCHEMA_VERSION = 1
+#: Host events kept for operators; older ones are pruned.
+EVENT_RETENTION = 100_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value ANY) STRICT;
+CREATE TABLE IF NOT EXISTS hosts (
+    host_id TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    gpu_class TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    version TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    heartbeat REAL NOT NULL,
+    alive INTEGER NOT NULL,
+    down_reason TEXT NOT NULL,
+    summary BLOB
+) STRICT;
+CREATE TABLE IF NOT EXISTS feed_topics (topic TEXT PRIMARY KEY, seq INTEGER NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS host_events (
+    id INTEGER PRIMARY KEY,
+    host_id TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    time REAL NOT NULL,
+    reason TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    message TEXT NOT NULL
+) STRICT;
+"""
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # An ack promises the agent its message is durable, so a commit must
+        # survive an OS crash too (NORMAL would only survive a process crash).
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        version = self.get_meta("schema_version")
+        if version is None:
+            self.set_meta("schema_version", SCHEMA_VERSION)
+        elif version != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path}: database schema {version}, expected {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def get_meta(self, key: str) -> object:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: object) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def load_hosts(self) -> list[HostRecord]:
+        records = []
+        for row in self.db.execute(
+            "SELECT host_id, pool, gpu_class, gpus, version, epoch, last_seq, heartbeat, alive,"
+            " down_reason, summary FROM hosts"
+        ):
+            summary = None
+            if row[10] is not None:
+                try:
+                    summary = from_plain(HostSummary, msgpack.unpackb(row[10]))
+                except (SchemaError, ValueError):
+                    summary = None  # written by an older version: the agent will resend
+            records.append(
+                HostRecord(
+                    host_id=row[0], pool=row[1], gpu_class=row[2], gpus=row[3], version=row[4],
+                    epoch=row[5], last_seq=row[6], heartbeat=row[7], alive=bool(row[8]),
+                    down_reason=row[9], summary=summary,
+                )
+            )
+        return records
+
+    def load_feed_seqs(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT topic, seq FROM feed_topics").fetchall())
+
+    def flush(
+        self,
+        hosts: Iterable[HostRecord],
+        events: Iterable[StoredEvent],
+        feed_seqs: dict[str, int] | None = None,
+    ) -> None:
+        with self.db:  # one transaction
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                "INSERT OR REPLACE INTO hosts (host_id, pool, gpu_class, gpus, version, epoch,"
+                " last_seq, heartbeat, alive, down_reason, summary)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        h.host_id, h.pool, h.gpu_class, h.gpus, h.version, h.epoch, h.last_seq,
+                        h.heartbeat, int(h.alive), h.down_reason,
+                        None if h.summary is None else msgpack.packb(to_plain(h.summary)),
+                    )
+                    for h in hosts
+                ],
+            )
+            self.db.executemany(
+                "INSERT INTO host_events (host_id, epoch, seq, time, reason, severity, message)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (e.host_id, e.epoch, e.seq, e.time, e.body.reason, e.body.severity.value,
+                     e.body.message)
+                    for e in events
+                ],
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO feed_topics (topic, seq) VALUES (?, ?)",
+                list((feed_seqs or {}).items()),
+            )
+
+    def prune_events(self, keep: int = EVENT_RETENTION) -> int:
+        with self.db:
+            cur = self.db.execute(
+                "DELETE FROM host_events WHERE id <= (SELECT MAX(id) FROM host_events) - ?", (keep,)
+            )
+        return cur.rowcount
+
+    def recent_events(self, limit: int = 50) -> list[dict[str, object]]:
+        rows = self.db.execute(
+            "SELECT host_id, seq, time, reason, severity, message FROM host_events"
+            " ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        keys = ("host_id", "seq", "time", "reason", "severity", "message")
+        return [dict(zip(keys, row, strict=True)) for row in rows]

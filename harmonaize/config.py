@@ -1,0 +1,56 @@
+"""Loading TOML configuration into typed, validated dataclasses."""
+
+from __future__ import annotations
+
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+from harmonaize.schema import SchemaError, Str, from_plain
+
+T = TypeVar("T")
+
+AbsPath = Annotated[str, Str(max_len=4096, min_len=1, pattern=r"/.*")]
+"""An absolute filesystem path."""
+Endpoint = Annotated[str, Str(max_len=256, pattern=r"(tcp|ipc)://\S+")]
+"""A ZeroMQ endpoint such as ``tcp://10.0.0.1:7400``; empty where optional."""
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message names the file and the key."""
+
+
+def load(cls: type[T], path: Path | None, *, default: Path) -> tuple[T, Path | None]:
+    """Read ``path`` (or ``default`` if it exists) into ``cls``.
+
+    A missing default file means built-in defaults; a missing explicit file is
+    an error. Returns the config and the file it came from, if any.
+    """
+    source = path if path is not None else default
+    if not source.exists():
+        if path is not None:
+            raise ConfigError(f"{source}: no such configuration file")
+        return from_plain(cls, {}, ""), None
+    try:
+        with source.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    return parse(cls, data, source), source
+
+
+def parse(cls: type[T], data: dict, source: Path | str = "<config>") -> T:
+    try:
+        return from_plain(cls, data, "")
+    except SchemaError as exc:
+        raise ConfigError(f"{source}: {exc}") from None

@@ -1,0 +1,210 @@
+"""``harmonctl``: the operator's command line for the agent and the controller.
+
+It talks to the agent's local socket (default ``/run/harmonaize/agent.sock``),
+or with ``-C`` to the controller's admin socket. Every command prints a table,
+or JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from harmonaize.opsocket import CommandError, request
+from harmonaize.tables import fields, table
+
+AGENT_SOCKET = "/run/harmonaize/agent.sock"
+CONTROLLER_SOCKET = "/run/harmonaize/controller.sock"
+
+
+def _render_agent_status(result: dict[str, Any]) -> str:
+    loop = result.get("loop", {})
+    parts = [
+        fields([
+            ("host", result.get("host_id")),
+            ("pool", result.get("pool")),
+            ("gpu class", result.get("gpu_class")),
+            ("version", result.get("version")),
+            ("ready", result.get("ready")),
+            ("health", result.get("health")),
+            ("schedulable", result.get("schedulable")),
+            ("interval", f"{result.get('interval_seconds', 0) * 1000:.0f} ms"),
+            ("passes", loop.get("passes")),
+            ("overruns", loop.get("overruns")),
+            ("last pass", f"{loop.get('last_pass_seconds', 0) * 1e6:.0f} us"),
+            ("uptime", f"{result.get('uptime_seconds', 0):.0f} s"),
+        ]),
+        "",
+        table(result.get("observers", []), [
+            ("name", "OBSERVER"), ("state", "STATE"), ("last_success", "OK"),
+            ("last_duration_seconds", "SECONDS"), ("samples", "SAMPLES"),
+            ("failures", "FAILURES"), ("detail", "DETAIL"),
+        ]),
+    ]
+    holding = [c for c in result.get("conditions", []) if c.get("status") == "True"]
+    parts += ["", table(holding, [
+        ("type", "CONDITION"), ("severity", "SEVERITY"), ("reason", "REASON"),
+        ("message", "MESSAGE"),
+    ]) if holding else "no problem conditions"]
+    uplink = result.get("uplink")
+    if uplink:
+        parts += ["", fields([
+            ("controller", uplink.get("endpoint")),
+            ("last ack", "never" if uplink.get("last_ack_age_seconds") is None
+             else f"{uplink['last_ack_age_seconds']:.1f} s ago"),
+            ("sent / acked", f"{uplink.get('last_seq')} / {uplink.get('acked_seq')}"),
+            ("queued", uplink.get("queued")),
+            ("dropped events", uplink.get("dropped_events")),
+        ])]
+    else:
+        parts += ["", "controller: none configured"]
+    return "\n".join(parts)
+
+
+def _render_controller_status(result: dict[str, Any]) -> str:
+    hosts = result.get("hosts", {})
+    return fields([
+        ("version", result.get("version")),
+        ("listen", result.get("listen")),
+        ("feed", result.get("feed")),
+        ("database", result.get("database")),
+        ("hosts", f"{hosts.get('alive')} alive of {hosts.get('known')}"),
+        ("frames", result.get("frames")),
+        ("rejected", json.dumps(result.get("rejected", {}), sort_keys=True)),
+        ("protocol", json.dumps(result.get("protocol", {}), sort_keys=True)),
+        ("feed", json.dumps(result.get("feed_stats", {}), sort_keys=True)),
+        ("uptime", f"{result.get('uptime_seconds', 0):.0f} s"),
+    ])
+
+
+def _render_hosts(rows: list[dict[str, Any]]) -> str:
+    return table(rows, [
+        ("host_id", "HOST"), ("pool", "POOL"), ("gpu_class", "CLASS"), ("gpus", "GPUS"),
+        ("alive", "ALIVE"), ("health", "HEALTH"), ("schedulable", "SCHED"),
+        ("last_seen_seconds", "SEEN(S)"), ("down_reason", "DOWN REASON"),
+    ])
+
+
+def _render_capacity(rows: list[dict[str, Any]]) -> str:
+    flat = [
+        {**row, **{k: _bucket(row[k]) for k in ("hosts_up", "hosts_down", "gpus_available")}}
+        for row in rows
+    ]
+    return table(flat, [
+        ("topic", "TOPIC"), ("hosts_up", "HOSTS UP"), ("hosts_down", "HOSTS DOWN"),
+        ("gpus_available", "GPUS"), ("trend", "TREND"), ("revision", "REV"),
+    ])
+
+
+def _bucket(value: dict[str, Any]) -> str:
+    lo, hi = value.get("lo"), value.get("hi")
+    if hi is None:
+        return f"{lo}+"
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def _render_events(rows: list[dict[str, Any]]) -> str:
+    return table(rows, [
+        ("host_id", "HOST"), ("seq", "SEQ"), ("severity", "SEVERITY"), ("reason", "REASON"),
+        ("message", "MESSAGE"),
+    ])
+
+
+def _render_simple(result: Any) -> str:
+    if isinstance(result, dict):
+        return fields(result.items())
+    return json.dumps(result, indent=2)
+
+
+Renderer = Callable[[Any], str]
+AGENT_RENDERERS: dict[str, Renderer] = {"status": _render_agent_status}
+CONTROLLER_RENDERERS: dict[str, Renderer] = {
+    "status": _render_controller_status,
+    "hosts": _render_hosts,
+    "capacity": _render_capacity,
+    "events": _render_events,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print JSON instead of a table")
+    parser = argparse.ArgumentParser(
+        prog="harmonctl", parents=[common],
+        description="Operator CLI for the HarmonAIze agent (local socket) and controller (-C).",
+    )
+    parser.add_argument("-s", "--socket",
+                        default=os.environ.get("HARMONCTL_SOCKET", AGENT_SOCKET),
+                        help="agent socket (default %(default)s, or $HARMONCTL_SOCKET)")
+    parser.add_argument("-C", "--controller", nargs="?", metavar="ADMIN_SOCKET",
+                        const=os.environ.get("HARMONCTL_ADMIN_SOCKET", CONTROLLER_SOCKET),
+                        help="talk to the controller's admin socket instead "
+                        f"(default {CONTROLLER_SOCKET}, or $HARMONCTL_ADMIN_SOCKET)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("status", parents=[common], help="agent (or controller) status")
+    drain = sub.add_parser("drain", parents=[common], help="withdraw this host from capacity")
+    drain.add_argument("--reason", default="drained by operator")
+    sub.add_parser("undrain", parents=[common], help="return this host to capacity")
+    sub.add_parser("reload", parents=[common], help="make the agent re-read its configuration")
+    sub.add_parser("hosts", parents=[common], help="(controller) every known host")
+    sub.add_parser("capacity", parents=[common], help="(controller) tenant-visible capacity")
+    events = sub.add_parser("events", parents=[common], help="(controller) recent host events")
+    events.add_argument("--limit", type=int, default=50)
+    sub.add_parser("help", parents=[common], help="commands the server offers")
+    return parser
+
+
+def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
+    if ns.command == "drain":
+        return {"reason": ns.reason}
+    if ns.command == "events":
+        return {"limit": ns.limit}
+    return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    as_json = getattr(ns, "json", False)
+    path = ns.controller or ns.socket
+    who = "controller" if ns.controller else "agent"
+    try:
+        result = request(path, ns.command, _args_for(ns), timeout=ns.timeout)
+    except FileNotFoundError:
+        print(f"harmonctl: no {who} socket at {path}: is harmonaize-{who} running?",
+              file=sys.stderr)
+        return 1
+    except PermissionError:
+        print(f"harmonctl: permission denied on {path}: use root, or join the socket's group",
+              file=sys.stderr)
+        return 1
+    except ConnectionRefusedError:
+        print(f"harmonctl: {path} refuses connections: harmonaize-{who} is not running",
+              file=sys.stderr)
+        return 1
+    except TimeoutError:
+        print(f"harmonctl: the {who} did not answer within {ns.timeout:g} s", file=sys.stderr)
+        return 1
+    except CommandError as exc:
+        print(f"harmonctl: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        reason = errno.errorcode.get(exc.errno or 0, "error")
+        print(f"harmonctl: cannot talk to {path}: {exc.strerror or reason}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        renderers = CONTROLLER_RENDERERS if ns.controller else AGENT_RENDERERS
+        print(renderers.get(ns.command, _render_simple)(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The wire vocabulary: every message agent, controller and tenant exchange.
+
+Messages are frozen dataclasses registered under a *kind* and a *category*:
+
+* ``condition`` -- level state (a host's health, a pool's capacity). Each one is
+  complete in itself and is republished in full, so a late joiner only needs
+  the latest one per key.
+* ``event`` -- something that happened once (an XID, an advisory). Events are
+  sequenced and delivered at least once; receivers de-duplicate by sequence.
+* ``control`` -- protocol housekeeping (hello, heartbeat, ack).
+
+A frame is a msgpack array ``["hz", version, kind, sender, seq, time, body]``.
+:func:`decode` treats its input as hostile: it bounds the frame size, string,
+list and map lengths and nesting, accepts only known kinds and the current
+version, and raises :class:`WireError` for anything else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, ClassVar, TypeVar
+
+import msgpack
+
+from harmonaize.schema import (
+    Count,
+    Ident,
+    Len,
+    Name,
+    Num,
+    SchemaError,
+    Seconds,
+    Text,
+    Timestamp,
+    from_plain,
+    to_plain,
+)
+
+MAGIC = "hz"
+VERSION = 1
+#: Largest frame any peer may send us. Summaries of a host with 8 GPUs and a
+#: handful of links are a few KiB; a quarter MiB leaves room without letting a
+#: peer make us allocate much.
+MAX_FRAME = 256 * 1024
+MAX_STR = 4096
+MAX_LIST = 1024
+MAX_MAP = 256
+
+T = TypeVar("T")
+
+
+class WireError(ValueError):
+    """An incoming frame was rejected; the message says why."""
+
+
+class Category(StrEnum):
+    CONTROL = "control"
+    CONDITION = "condition"
+    EVENT = "event"
+
+
+class Message:
+    """Base of every registered message (gives type checkers the class vars)."""
+
+    KIND: ClassVar[str]
+    CATEGORY: ClassVar[Category]
+
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+def message(kind: str, category: Category) -> Callable[[type[T]], type[T]]:
+    """Register a frozen dataclass as a wire message of ``kind``."""
+
+    def register(cls: type[T]) -> type[T]:
+        if kind in _REGISTRY:
+            raise ValueError(f"message kind {kind!r} registered twice")
+        cls.KIND = kind  # type: ignore[attr-defined]
+        cls.CATEGORY = category  # type: ignore[attr-defined]
+        _REGISTRY[kind] = cls  # type: ignore[assignment]
+        return cls
+
+    return register
+
+
+def kinds() -> dict[str, type[Message]]:
+    return dict(_REGISTRY)
+
+
+# --- shared value types --------------------------------------------------------------
+
+
+class Status(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Health(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+
+
+class Trend(StrEnum):
+    RISING = "rising"
+    STEADY = "steady"
+    FALLING = "falling"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Level state in node-problem-detector's shape: a type and whether it holds."""
+
+    type: Ident
+    status: Status
+    reason: Name = ""
+    message: Text = ""
+    severity: Severity = Severity.INFO
+    since: Timestamp = 0.0
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A coarse range ``lo..hi`` (``hi`` None: open above) that hides exact counts."""
+
+    lo: Count
+    hi: Count | None
+
+    def __post_init__(self) -> None:
+        if self.hi is not None and self.hi < self.lo:
+            raise ValueError(f"bucket upper bound {self.hi} is below lower bound {self.lo}")
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{self.lo}+"
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}-{self.hi}"
+
+    def __contains__(self, value: int) -> bool:
+        return value >= self.lo and (self.hi is None or value <= self.hi)
+
+
+Conditions = Annotated[tuple[Condition, ...], Len(64)]
+
+# --- agent -> controller -------------------------------------------------------------
+
+
+@message("hello", Category.CONTROL)
+@dataclass(frozen=True)
+class Hello(Message):
+    """First message on every connection; binds the connection to a host."""
+
+    pool: Ident
+    gpu_class: Ident
+    gpus: Count
+    version: Name
+    #: Changes each time the agent starts; sequence numbers restart with it.
+    epoch: Count
+    #: Highest sequence number the agent has seen acknowledged in this epoch.
+    acked: Count
+    heartbeat: Annotated[float, Num(0.01, 3600.0)]
+
+
+@message("heartbeat", Category.CONTROL)
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    uptime: Seconds
+    #: Highest sequence number the agent has sent, so the controller sees loss.
+    last_seq: Count
+
+
+@message("host-summary", Category.CONDITION)
+@dataclass(frozen=True)
+class HostSummary(Message):
+    """A host's aggregated state; raw telemetry stays on the host."""
+
+    health: Health
+    schedulable: bool
+    gpus_total: Count
+    gpus_healthy: Count
+    conditions: Conditions = ()
+
+
+@message("host-event", Category.EVENT)
+@dataclass(frozen=True)
+class HostEvent(Message):
+    reason: Ident
+    severity: Severity
+    message: Text = ""
+
+
+@message("goodbye", Category.CONTROL)
+@dataclass(frozen=True)
+class Goodbye(Message):
+    reason: Text = ""
+
+
+AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "goodbye"})
+
+# --- controller -> agent -------------------------------------------------------------
+
+
+@message("ack", Category.CONTROL)
+@dataclass(frozen=True)
+class Ack(Message):
+    """Everything up to and including ``seq`` is stored durably."""
+
+    seq: Count
+
+
+@message("resync", Category.CONTROL)
+@dataclass(frozen=True)
+class Resync(Message):
+    """The controller does not know this connection: say hello and resend."""
+
+    reason: Text = ""
+
+
+CONTROLLER_KINDS = frozenset({"ack", "resync"})
+
+# --- controller -> tenant feed -------------------------------------------------------
+
+
+@message("pool-capacity", Category.CONDITION)
+@dataclass(frozen=True)
+class PoolCapacity(Message):
+    """Hosts of one GPU class in one pool that can take work, in coarse buckets."""
+
+    pool: Ident
+    gpu_class: Ident
+    hosts_up: Bucket
+    hosts_down: Bucket
+    gpus_available: Bucket
+    trend: Trend
+    #: Bumped whenever the visible content changes; republishing keeps it.
+    revision: Count
+
+
+FEED_KINDS = frozenset({"pool-capacity"})
+
+# --- envelope and codec --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: str
+    sender: str
+    seq: int
+    time: float
+    body: Message
+
+    @property
+    def category(self) -> Category:
+        return self.body.CATEGORY
+
+
+def encode(body: Message, *, sender: str, seq: int = 0, now: float | None = None) -> bytes:
+    """Serialise ``body`` in a versioned envelope."""
+    stamp = time.time() if now is None else now
+    frame = [MAGIC, VERSION, body.KIND, sender, seq, stamp, to_plain(body)]
+    data = msgpack.packb(frame, use_bin_type=True)
+    if len(data) > MAX_FRAME:
+        raise WireError(f"{body.KIND}: frame of {len(data)} bytes exceeds {MAX_FRAME}")
+    return data
+
+
+@dataclass(frozen=True)
+class _Header:
+    sender: Ident
+    seq: Count
+    time: Timestamp
+
+
+def decode(data: bytes, *, allowed: Collection[str] | None = None) -> Envelope:
+    """Parse an untrusted frame. Raises only :class:`WireError`."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError("frame must be bytes")
+    if len(data) > MAX_FRAME:
+        raise WireError(f"frame of {len(data)} bytes exceeds {MAX_FRAME}")
+    if len(data) == 0:
+        raise WireError("empty frame")
+    try:
+        frame = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_str_len=MAX_STR,
+            max_bin_len=0,
+            max_array_len=MAX_LIST,
+            max_map_len=MAX_MAP,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, OverflowError) as exc:  # every msgpack error
+        raise WireError(f"not a valid msgpack frame: {exc}") from None
+    if not isinstance(frame, list) or len(frame) != 7:
+        raise WireError("frame is not a 7-element envelope")
+    magic, version, kind, sender, seq, stamp, body = frame
+    if magic != MAGIC:
+        raise WireError("bad magic: not a HarmonAIze frame")
+    if version != VERSION or isinstance(version, bool):
+        raise WireError(f"unsupported wire version {version!r:.20} (this side speaks {VERSION})")
+    if not isinstance(kind, str) or kind not in _REGISTRY:
+        raise WireError(f"unknown message kind {kind!r:.60}")
+    if allowed is not None and kind not in allowed:
+        raise WireError(f"message kind {kind!r} is not accepted here")
+    try:
+        header = from_plain(_Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
+        message_body = from_plain(_REGISTRY[kind], body, kind)
+    except SchemaError as exc:
+        raise WireError(str(exc)) from None
+    return Envelope(kind, header.sender, header.seq, header.time, message_body)

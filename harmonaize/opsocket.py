@@ -1,0 +1,245 @@
+"""Local operator sockets: line-delimited JSON over a Unix socket.
+
+A request is one line ``{"cmd": "status", "args": {...}}``; the reply is one
+line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": "..."}``.
+The peer's credentials come from the kernel (``SO_PEERCRED`` and
+``SO_PEERGROUPS``): root may run every command, members of the socket's group
+the read-only ones, anyone else nothing. Malformed requests get an error reply
+and the server keeps serving; every request is bounded in size and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import inspect
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 64 * 1024
+IDLE_TIMEOUT = 60.0
+MAX_CLIENTS = 64
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+
+
+class Access(IntEnum):
+    NONE = 0
+    READ = 1
+    ADMIN = 2
+
+
+class CommandError(Exception):
+    """A command's arguments are wrong; the message goes back to the caller."""
+
+
+Handler = Callable[[dict[str, Any]], Any | Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Command:
+    handler: Handler
+    help: str
+    #: Commands that change state are for root only.
+    changes: bool = False
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int]
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    groups: frozenset[int] = frozenset()
+    with contextlib.suppress(OSError):
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 1024)
+        groups = frozenset(struct.unpack(f"{len(raw) // 4}I", raw))
+    return Peer(pid, uid, gid, groups)
+
+
+@dataclass
+class SocketStats:
+    connections: int = 0
+    requests: int = 0
+    errors: int = 0
+    denied: int = 0
+    by_command: dict[str, int] = field(default_factory=dict)
+
+
+class OperatorSocket:
+    def __init__(
+        self,
+        path: str | Path,
+        commands: Mapping[str, Command],
+        *,
+        group: str = "",
+        mode: int = 0o660,
+    ) -> None:
+        self.path = Path(path)
+        self.commands = dict(commands)
+        self.commands.setdefault("help", Command(self._help, "list the commands"))
+        self.group = group
+        self.mode = mode
+        self.gid: int | None = None
+        self.stats = SocketStats()
+        self._server: asyncio.AbstractServer | None = None
+        self._clients: set[asyncio.Task[None]] = set()
+
+    def _help(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            name: {"help": c.help, "root_only": c.changes}
+            for name, c in sorted(self.commands.items())
+        }
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() or self.path.is_symlink():
+            if await _is_live(self.path):
+                raise RuntimeError(f"{self.path}: another instance is serving this socket")
+            self.path.unlink()
+        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+        mode = self.mode
+        if self.group:
+            try:
+                self.gid = grp.getgrnam(self.group).gr_gid
+                os.chown(self.path, 0 if os.geteuid() == 0 else -1, self.gid)
+            except KeyError:
+                log.warning(
+                    "socket group %r does not exist: only root can use %s", self.group, self.path
+                )
+                mode &= 0o700
+        os.chmod(self.path, mode)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._clients):
+                task.cancel()
+            await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def access_of(self, peer: Peer) -> Access:
+        if peer.uid == 0:
+            return Access.ADMIN
+        if self.gid is not None and (peer.gid == self.gid or self.gid in peer.groups):
+            return Access.READ
+        return Access.NONE
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._clients.add(task)
+        self.stats.connections += 1
+        try:
+            if len(self._clients) > MAX_CLIENTS:
+                await _reply(writer, {"ok": False, "error": "too many clients"})
+                return
+            sock = writer.get_extra_info("socket")
+            access = self.access_of(peer_of(sock))
+            if access is Access.NONE:
+                self.stats.denied += 1
+                await _reply(writer, {"ok": False, "error": "permission denied"})
+                return
+            while True:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+                except (asyncio.LimitOverrunError, ValueError):
+                    self.stats.errors += 1
+                    await _reply(writer, {"ok": False, "error": f"request over {MAX_LINE} bytes"})
+                    return
+                if not line:
+                    return
+                await _reply(writer, await self._dispatch(line, access))
+        except (TimeoutError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._clients.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _dispatch(self, line: bytes, access: Access) -> dict[str, Any]:
+        self.stats.requests += 1
+        try:
+            request = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.stats.errors += 1
+            return {"ok": False, "error": f"malformed request: not JSON ({exc})"}
+        if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
+            self.stats.errors += 1
+            return {"ok": False, "error": 'malformed request: expected {"cmd": "...", "args": {}}'}
+        name, args = request["cmd"], request.get("args", {})
+        if not isinstance(args, dict):
+            self.stats.errors += 1
+            return {"ok": False, "error": "malformed request: args must be an object"}
+        command = self.commands.get(name)
+        if command is None:
+            self.stats.errors += 1
+            return {"ok": False, "error": f"unknown command {name[:60]!r}; try 'help'"}
+        if command.changes and access is not Access.ADMIN:
+            self.stats.denied += 1
+            return {"ok": False, "error": f"permission denied: {name!r} is for root only"}
+        self.stats.by_command[name] = self.stats.by_command.get(name, 0) + 1
+        try:
+            result = command.handler(args)
+            if inspect.isawaitable(result):
+                result = await result
+        except CommandError as exc:
+            self.stats.errors += 1
+            return {"ok": False, "error": str(exc)}
+        except Exception as exc:
+            self.stats.errors += 1
+            log.exception("operator command %s failed", name)
+            return {"ok": False, "error": f"internal error in {name!r}: {exc}"}
+        return {"ok": True, "result": result}
+
+
+async def _reply(writer: asyncio.StreamWriter, payload: dict[str, Any]) -> None:
+    writer.write(json.dumps(payload, default=str).encode() + b"\n")
+    await writer.drain()
+
+
+async def _is_live(path: Path) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def request(path: str | Path, cmd: str, args: dict[str, Any] | None = None,
+            timeout: float = 10.0) -> Any:
+    """Client side: send one request, return the result or raise CommandError."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
+        buf = bytearray()
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    if not buf:
+        raise CommandError("the server closed the connection without a reply")
+    reply = json.loads(buf)
+    if not reply.get("ok"):
+        raise CommandError(reply.get("error", "unknown error"))
+    return reply.get("result")

@@ -1,0 +1,1 @@
+"""Network-namespace hosts and the scripted demo."""

@@ -1,0 +1,192 @@
+"""A controller, host agents and a tenant watcher running in a :class:`Lab`.
+
+The demo and the integration tests drive the same scenario through this class;
+every daemon is the real program in a real process, with its own
+configuration file and log under ``workdir``.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harmonaize.opsocket import CommandError, request
+from harmonaize.testbed.netns import Lab
+
+AGENT_PORT = 7400
+FEED_PORT = 7401
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise Timeout(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class TenantWatcher:
+    """A ``harmonaize-tenant watch --json`` process; its messages land in a queue."""
+
+    proc: subprocess.Popen[str]
+    messages: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def start(self) -> None:
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.messages.put(json.loads(line))
+            except ValueError:
+                continue
+
+    def next(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            message = self.messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.seen.append(message)
+        return message
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float,
+                 what: str, on_message: Callable[[dict[str, Any]], None] | None = None,
+                 ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = self.next(remaining)
+            if message is None:
+                break
+            if on_message is not None:
+                on_message(message)
+            if predicate(message):
+                return message
+        raise Timeout(f"the tenant did not see {what} within {timeout:g} s")
+
+
+class TestCluster:
+    """Lays out hosts: ``controller``, ``tenant`` and agent hosts in one lab."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, lab: Lab, workdir: Path, *, agent_overrides: str = "",
+                 controller_overrides: str = "") -> None:
+        self.lab = lab
+        self.workdir = workdir
+        self.agent_overrides = agent_overrides
+        self.controller_overrides = controller_overrides
+        self.agents: dict[str, subprocess.Popen[Any]] = {}
+        self.controller: subprocess.Popen[Any] | None = None
+
+    # --- paths -----------------------------------------------------------------------
+
+    def socket(self, host: str) -> Path:
+        return self.workdir / f"{host}.sock"
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.workdir / "controller.sock"
+
+    @property
+    def feed(self) -> str:
+        return f"tcp://{self.lab.addr('controller')}:{FEED_PORT}"
+
+    def log(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    # --- processes -------------------------------------------------------------------
+
+    def start_controller(self, timeout: float = 20.0) -> None:
+        cfg = self.workdir / "controller.toml"
+        addr = self.lab.addr("controller")
+        cfg.write_text(
+            "[controller]\n"
+            f'listen = "tcp://{addr}:{AGENT_PORT}"\n'
+            f'feed = "tcp://{addr}:{FEED_PORT}"\n'
+            f'admin_socket = "{self.admin_socket}"\n'
+            f'database = "{self.workdir / "controller.db"}"\n'
+            + self.controller_overrides
+        )
+        self.controller = self.lab.popen(
+            "controller", [sys.executable, "-m", "controller.main", "-c", str(cfg)],
+            log=self.log("controller"),
+        )
+        self._wait_serving(self.admin_socket, self.controller, "controller", timeout)
+
+    def start_agent(self, host: str, timeout: float = 20.0, extra: str = "") -> None:
+        cfg = self.workdir / f"{host}.toml"
+        cfg.write_text(
+            "[agent]\n"
+            f'host_id = "{host}"\n'
+            f'state_dir = "{self.workdir / host}"\n'
+            "[socket]\n"
+            f'path = "{self.socket(host)}"\n'
+            "[controller]\n"
+            f'endpoint = "tcp://{self.lab.addr("controller")}:{AGENT_PORT}"\n'
+            + self.agent_overrides + extra
+        )
+        proc = self.lab.popen(
+            host, [sys.executable, "-m", "agent.main", "-c", str(cfg)], log=self.log(host)
+        )
+        self.agents[host] = proc
+        self._wait_serving(self.socket(host), proc, host, timeout)
+
+    def stop_agent(self, host: str, sig: signal.Signals = signal.SIGTERM,
+                   timeout: float = 10.0) -> int:
+        proc = self.agents.pop(host)
+        proc.send_signal(sig)
+        return proc.wait(timeout=timeout)
+
+    def _wait_serving(self, path: Path, proc: subprocess.Popen[Any], what: str,
+                      timeout: float) -> None:
+        def serving() -> bool:
+            if proc.poll() is not None:
+                tail = self.log(what).read_text()[-2000:]
+                raise RuntimeError(f"{what} exited with {proc.returncode}:\n{tail}")
+            try:
+                request(path, "status", timeout=1.0)
+            except (OSError, CommandError, ValueError):
+                return False
+            return True
+
+        wait_until(serving, timeout, f"{what} to serve {path}")
+
+    def tenant_watch(self, topics: tuple[str, ...] = ("pool/",)) -> TenantWatcher:
+        argv = [sys.executable, "-m", "harmonaize.tenant.cli", "watch", "--json",
+                "--feed", self.feed]
+        for topic in topics:
+            argv += ["--topic", topic]
+        proc = self.lab.popen("tenant", argv, stdout=subprocess.PIPE, text=True)
+        watcher = TenantWatcher(proc)
+        watcher.start()
+        return watcher
+
+    def agent_request(self, host: str, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        return request(self.socket(host), cmd, args)
+
+    def admin_request(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        return request(self.admin_socket, cmd, args)
+
+    def harmonctl(self, host: str, *args: str) -> str:
+        argv = [sys.executable, "-m", "harmonaize.harmonctl", "-s", str(self.socket(host)), *args]
+        return self.lab.run(host, argv).stdout

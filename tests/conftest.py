@@ -1,0 +1,86 @@
+"""Fixtures shared by the suite: scratch directories, tracked processes, labs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harmonaize.testbed.netns import Lab
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A scratch directory other users can traverse (sockets for non-root clients)."""
+    path = Path(tempfile.mkdtemp(prefix="hz-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+Spawn = Callable[..., subprocess.Popen[Any]]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start a real subprocess; every one is stopped at teardown, pass or fail."""
+    started: list[subprocess.Popen[Any]] = []
+
+    def start(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(list(argv), **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def python(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+@pytest.fixture
+def make_lab() -> Iterator[Callable[..., Lab]]:
+    """Create labs of namespace hosts that are always torn down."""
+    labs: list[Lab] = []
+
+    def create(hosts: Sequence[str], **kwargs: Any) -> Lab:
+        lab = Lab(hosts, **kwargs)
+        labs.append(lab)
+        lab.create()
+        return lab
+
+    yield create
+    for lab in labs:
+        lab.close()

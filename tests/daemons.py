@@ -1,0 +1,105 @@
+"""Start the real daemons as subprocesses for tests."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harmonaize.opsocket import CommandError, request
+from tests.conftest import Spawn, free_port, python
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "it") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def serving(path: Path, proc: subprocess.Popen[Any], log: Path) -> Callable[[], bool]:
+    def check() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            request(path, "status", timeout=1.0)
+        except (OSError, CommandError, ValueError):
+            return False
+        return True
+
+    return check
+
+
+@dataclass
+class Agent:
+    proc: subprocess.Popen[Any]
+    socket: Path
+    config: Path
+    log: Path
+
+    def request(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        return request(self.socket, cmd, args)
+
+
+def agent_config(workdir: Path, name: str, extra: str = "", endpoint: str = "",
+                 group: str = "") -> Path:
+    path = workdir / f"{name}.toml"
+    path.write_text(
+        f'[agent]\nhost_id = "{name}"\nstate_dir = "{workdir / name}"\n'
+        f'[socket]\npath = "{workdir / name}.sock"\ngroup = "{group}"\n'
+        f'[controller]\nendpoint = "{endpoint}"\n' + extra
+    )
+    return path
+
+
+def start_agent(spawn: Spawn, workdir: Path, name: str = "h1", extra: str = "",
+                endpoint: str = "", group: str = "", env: dict[str, str] | None = None,
+                wait: bool = True) -> Agent:
+    config = agent_config(workdir, name, extra, endpoint, group)
+    log = workdir / f"{name}.log"
+    with log.open("ab") as out:
+        proc = spawn(python("agent.main", "-c", str(config)), stdout=out,
+                     stderr=subprocess.STDOUT, env=env)
+    agent = Agent(proc, workdir / f"{name}.sock", config, log)
+    if wait:
+        wait_until(serving(agent.socket, proc, log), what=f"agent {name}")
+    return agent
+
+
+@dataclass
+class Controller:
+    proc: subprocess.Popen[Any]
+    listen: str
+    feed: str
+    admin: Path
+    config: Path
+    log: Path
+
+    def request(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        return request(self.admin, cmd, args)
+
+
+def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
+                     ports: tuple[int, int] | None = None) -> Controller:
+    listen_port, feed_port = ports or (free_port(), free_port())
+    listen = f"tcp://127.0.0.1:{listen_port}"
+    feed = f"tcp://127.0.0.1:{feed_port}"
+    admin = workdir / "controller.sock"
+    config = workdir / "controller.toml"
+    config.write_text(
+        f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\nadmin_socket = "{admin}"\n'
+        f'database = "{workdir / "controller.db"}"\nadmin_group = ""\n' + extra
+    )
+    log = workdir / "controller.log"
+    with log.open("ab") as out:
+        proc = spawn(python("controller.main", "-c", str(config)), stdout=out,
+                     stderr=subprocess.STDOUT)
+    wait_until(serving(admin, proc, log), what="controller")
+    return Controller(proc, listen, feed, admin, config, log)

@@ -1,0 +1,167 @@
+"""The controller as a real process with real ZeroMQ peers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from harmonaize import messages as m
+from harmonaize.messages import decode, encode
+from harmonaize.tenant import FeedClient
+from tests.conftest import needs_root
+from tests.daemons import start_agent, start_controller, wait_until
+
+pytestmark = [pytest.mark.foundation, needs_root]
+
+SUMMARY = m.HostSummary(m.Health.HEALTHY, True, 8, 8)
+
+
+class FakeAgent:
+    """A raw DEALER speaking the real protocol (or not, on purpose)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, host: str = "h1") -> None:
+        self.host = host
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, body: m.Message, seq: int = 0) -> None:
+        self.sock.send(encode(body, sender=self.host, seq=seq))
+
+    def recv(self, timeout: float = 5.0) -> m.Message:
+        assert self.sock.poll(int(timeout * 1000)), "no reply from the controller"
+        return decode(self.sock.recv()).body
+
+    def hello(self, epoch: int = 1, acked: int = 0) -> m.Message:
+        self.send(m.Hello(pool="p", gpu_class="H200", gpus=8, version="t", epoch=epoch,
+                          acked=acked, heartbeat=1.0))
+        return self.recv()
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def test_malformed_frames_are_counted_and_the_controller_keeps_serving(
+    spawn, workdir: Path, ctx: zmq.Context
+) -> None:
+    controller = start_controller(spawn, workdir)
+    bad = ctx.socket(zmq.DEALER)
+    bad.setsockopt(zmq.LINGER, 0)
+    bad.connect(controller.listen)
+    bad.send(b"\x00garbage")
+    bad.send(msgpack.packb(["hz", 1, "hello", "h9", 0, 1.0, {"pool": 5}]))
+    bad.send(msgpack.packb(["hz", 1, "pool-capacity", "h9", 0, 1.0, {}]))  # not an agent kind
+    bad.send(msgpack.packb(["hz", 99, "hello", "h9", 0, 1.0, {}]))
+    bad.send_multipart([b"one", b"two"])
+    too_big = ctx.socket(zmq.DEALER)
+    too_big.setsockopt(zmq.LINGER, 0)
+    too_big.connect(controller.listen)
+    too_big.send(b"x" * (m.MAX_FRAME + 4096))  # ZeroMQ drops this peer before we see it
+    wait_until(lambda: sum(controller.request("status")["rejected"].values()) >= 5,
+               what="the rejections to be counted")
+    status = controller.request("status")
+    assert status["rejected"] == {"invalid": 4, "framing": 1}
+    assert "rejected a frame (invalid)" in controller.log.read_text()
+    agent = FakeAgent(ctx, controller.listen)
+    assert agent.hello() == m.Ack(0)
+    agent.send(SUMMARY, seq=1)
+    assert agent.recv() == m.Ack(1)
+    assert controller.proc.poll() is None
+    assert [h["host_id"] for h in controller.request("hosts")] == ["h1"]
+
+
+def test_unbound_senders_are_asked_to_resync(spawn, workdir: Path, ctx: zmq.Context) -> None:
+    controller = start_controller(spawn, workdir)
+    agent = FakeAgent(ctx, controller.listen)
+    agent.send(SUMMARY, seq=1)
+    assert isinstance(agent.recv(), m.Resync)
+    assert controller.request("status")["protocol"]["unbound"] == 1
+
+
+def test_late_joiners_get_current_conditions_at_once(spawn, workdir: Path,
+                                                     ctx: zmq.Context) -> None:
+    controller = start_controller(spawn, workdir, extra="[feed]\nrepublish = 3600\n")
+    agent = FakeAgent(ctx, controller.listen)
+    agent.hello()
+    agent.send(SUMMARY, seq=1)
+    agent.recv()
+    wait_until(lambda: controller.request("capacity"), what="the first aggregate")
+    with FeedClient(controller.feed, ["pool/"], context=ctx) as feed:
+        message = feed.recv(timeout=10)
+    assert message is not None and message.topic == "pool/p/H200"
+    assert str(message.body.hosts_up) == "1" and str(message.body.gpus_available) == "8-15"
+
+
+def test_a_restart_keeps_hosts_sequence_numbers_and_feed_order(
+    spawn, workdir: Path, ctx: zmq.Context
+) -> None:
+    controller = start_controller(spawn, workdir)
+    agent = FakeAgent(ctx, controller.listen)
+    agent.hello(epoch=7)
+    for seq in (1, 2, 3):
+        agent.send(SUMMARY, seq=seq)
+        assert agent.recv() == m.Ack(seq)
+    wait_until(lambda: controller.request("capacity"), what="the first aggregate")
+    with FeedClient(controller.feed, ["pool/"], context=ctx) as feed:
+        before = feed.recv(timeout=10)
+    ports = (int(controller.listen.rsplit(":", 1)[1]), int(controller.feed.rsplit(":", 1)[1]))
+    controller.proc.send_signal(signal.SIGTERM)
+    assert controller.proc.wait(timeout=10) == 0
+    controller = start_controller(spawn, workdir, ports=ports)
+    (host,) = controller.request("hosts")
+    assert (host["host_id"], host["last_seq"], host["alive"]) == ("h1", 3, True)
+    # The agent reconnects with its epoch: it is told what is already stored.
+    assert agent.hello(epoch=7) == m.Ack(3)
+    agent.send(SUMMARY, seq=3)
+    assert agent.recv() == m.Ack(3)  # a resend of something stored is not applied twice
+    with FeedClient(controller.feed, ["pool/"], context=ctx) as feed:
+        after = feed.recv(timeout=10)
+    assert before is not None and after is not None and after.seq > before.seq
+
+
+def test_a_real_agent_reconnects_after_the_controller_goes_away(spawn, workdir: Path) -> None:
+    controller = start_controller(spawn, workdir)
+    ports = (int(controller.listen.rsplit(":", 1)[1]), int(controller.feed.rsplit(":", 1)[1]))
+    agent = start_agent(spawn, workdir, endpoint=controller.listen,
+                        extra="heartbeat = 0.2\nack_timeout = 0.3\n")
+    wait_until(lambda: controller.request("hosts"), what="the agent to register")
+    controller.proc.send_signal(signal.SIGKILL)
+    controller.proc.wait(timeout=10)
+    agent.request("drain", {"reason": "while the controller was away"})
+    wait_until(lambda: agent.request("status")["uplink"]["last_seq"]
+               > agent.request("status")["uplink"]["acked_seq"]
+               or agent.request("status")["uplink"]["queued"] > 0,
+               what="the change to wait in the outbox")
+    controller = start_controller(spawn, workdir, ports=ports)
+
+    def delivered() -> bool:
+        (host,) = controller.request("hosts")
+        return host["alive"] and host["schedulable"] is False
+
+    wait_until(delivered, what="the drain to reach the restarted controller")
+    events = controller.request("events")
+    assert [e["reason"] for e in events] == ["DrainedStarted"]
+    uplink = agent.request("status")["uplink"]
+    assert uplink["queued"] == 0 and uplink["acked_seq"] == uplink["last_seq"]
+
+
+def test_admin_socket_rejects_garbage_and_keeps_serving(spawn, workdir: Path) -> None:
+    controller = start_controller(spawn, workdir)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(controller.admin))
+        sock.sendall(b'{"cmd": "events", "args": {"limit": -1}}\nnot json\n')
+        sock.shutdown(socket.SHUT_WR)
+        replies = [json.loads(x) for x in sock.makefile("rb").read().splitlines()]
+    assert [r["ok"] for r in replies] == [False, False]
+    assert "limit must be" in replies[0]["error"]
+    assert controller.request("status")["admin_socket"]["errors"] == 2
