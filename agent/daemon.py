@@ -23,6 +23,8 @@ from agent import config as agent_config
 from agent.config import AgentConfig
 from agent.health import HostHealthEngine, Republisher
 from agent.observers import ObserverSet
+from agent.observers.links import links_table
+from agent.observers.rdma import RdmaSample
 from agent.uplink import Uplink
 from harmonaize import __version__
 from harmonaize.config import ConfigError
@@ -43,9 +45,10 @@ class AgentDaemon:
         self.started_at = time.monotonic()
         self.notifier = Notifier()
         self.observers = ObserverSet.from_config(cfg)
-        self.health = HostHealthEngine(cfg.observers.host)
+        self.health = HostHealthEngine(cfg.observers)
         self.republisher = Republisher(cfg.controller.summary_refresh)
         self.summary: HostSummary | None = None
+        self.observations: dict[str, Any] = {}
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
@@ -159,7 +162,7 @@ class AgentDaemon:
             self.observers.stop_all()
             self.observers = ObserverSet.from_config(new)
             self.observers.start_all()
-            self.health = HostHealthEngine(new.observers.host)
+            self.health = HostHealthEngine(new.observers)
         self.republisher.refresh = new.controller.summary_refresh
         logging.getLogger().setLevel(new.agent.log_level.value.upper())
         self.cfg = new
@@ -187,6 +190,7 @@ class AgentDaemon:
 
     def _step(self, now: float) -> None:
         observations = self.observers.sample_all(now)
+        self.observations = observations
         failing = {r.name: r.last_error or r.detail for r in self.observers.failing()}
         result = self.health.step(observations, now, failing=failing, drained=self.drained)
         self.passes += 1
@@ -223,6 +227,7 @@ class AgentDaemon:
     def _commands(self) -> dict[str, Command]:
         return {
             "status": Command(self._cmd_status, "agent, observers, health and uplink"),
+            "links": Command(self._cmd_links, "link rates, traffic classes and levels"),
             "drain": Command(self._cmd_drain, "withdraw this host from capacity", changes=True),
             "undrain": Command(self._cmd_undrain, "return this host to capacity", changes=True),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
@@ -252,6 +257,30 @@ class AgentDaemon:
             "observers": [r.as_dict() for r in self.observers.records.values()],
             "uplink": self.uplink.status() if self.uplink else None,
             "socket": asdict(self.opsocket.stats),
+        }
+
+    def _cmd_links(self, args: dict[str, Any]) -> dict[str, Any]:
+        links = self.observers.get("links")
+        record = self.observers.records.get("links")
+        sample = self.observations.get("links")
+        rdma = self.observations.get("rdma")
+        levels = {level.name: level for level in self.health.link_levels}
+
+        def with_levels(row: dict[str, Any]) -> dict[str, Any]:
+            level = levels.get(row["name"])
+            return {**row, "congestion": level.congestion.value if level else None,
+                    "errors": level.errors.value if level else None}
+
+        return {
+            "mode": getattr(links, "mode", None),
+            "state": record.state.value if record else "disabled",
+            "detail": (record.extra.get("detail") or record.detail) if record else "",
+            "links": [with_levels(row) for row in links_table(sample)],
+            "rdma": [with_levels({**to_plain(port), "name": port.name})
+                     for port in (rdma.ports if isinstance(rdma, RdmaSample) else ())],
+            "retransmits_per_s": getattr(sample, "retransmits_per_s", None),
+            "drops_by_reason": getattr(sample, "drops_by_reason", {}),
+            "classes": [to_plain(h) for h in self.summary.links] if self.summary else [],
         }
 
     def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -1,103 +1,26 @@
-"""Sans-I/O host health: observations in, conditions and events out.
+"""Sans-I/O host health: observations in, conditions, events and a summary out.
 
-Rules turn each interval's observations into *findings* (does a problem hold
-now, how bad). :class:`ConditionTracker` turns findings into conditions with
-hysteresis: a problem must hold for its ``sustain`` time before the condition
-is set and be gone as long before it clears, so one blip does not flap it.
-Every transition is also reported as a transient event. Time is a parameter;
-nothing here reads a clock or does I/O.
+Rules turn each interval's observations into findings; the condition tracker
+(:mod:`agent.conditions`) adds hysteresis and reports transitions as events.
+Time is a parameter; nothing here reads a clock or does I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from agent.config import HostObserverSection
+from agent.conditions import ConditionTracker, Finding, health_of
+from agent.config import ObserversSection
+from agent.linkhealth import LinkHealthEngine, LinkLevels, views
 from agent.observers.host import HostSample
-from harmonaize.messages import Condition, Health, HostEvent, HostSummary, Severity, Status
+from agent.observers.links import LinkSample
+from agent.observers.rdma import RdmaSample
+from harmonaize.messages import HostEvent, HostSummary, Severity
 
-
-@dataclass(frozen=True)
-class Finding:
-    """One rule's verdict for this interval."""
-
-    type: str
-    holds: bool
-    severity: Severity = Severity.WARNING
-    reason: str = ""
-    message: str = ""
-    #: Seconds the verdict must persist before the condition changes.
-    sustain: float = 0.0
-
-
-@dataclass
-class _Tracked:
-    condition: Condition
-    pending_since: float | None = None  # when the verdict first disagreed with the state
-
-
-@dataclass
-class ConditionTracker:
-    """Level conditions with set/clear hysteresis; emits an event per transition."""
-
-    _tracked: dict[str, _Tracked] = field(default_factory=dict)
-
-    def update(self, findings: Iterable[Finding], now: float) -> list[HostEvent]:
-        events: list[HostEvent] = []
-        for finding in findings:
-            tracked = self._tracked.get(finding.type)
-            if tracked is None:
-                tracked = self._tracked[finding.type] = _Tracked(
-                    Condition(finding.type, Status.FALSE, since=now)
-                )
-            current = tracked.condition
-            holds_now = current.status is Status.TRUE
-            if finding.holds == holds_now:
-                tracked.pending_since = None
-                if holds_now and (finding.reason, finding.message, finding.severity) != (
-                    current.reason,
-                    current.message,
-                    current.severity,
-                ):
-                    # Same state, new explanation: keep `since`, refresh the words.
-                    tracked.condition = Condition(
-                        finding.type, Status.TRUE, finding.reason, finding.message,
-                        finding.severity, current.since,
-                    )
-                continue
-            if tracked.pending_since is None:
-                tracked.pending_since = now
-            if now - tracked.pending_since < finding.sustain:
-                continue
-            tracked.pending_since = None
-            if finding.holds:
-                tracked.condition = Condition(
-                    finding.type, Status.TRUE, finding.reason, finding.message,
-                    finding.severity, now,
-                )
-                events.append(HostEvent(f"{finding.type}Started", finding.severity,
-                                        finding.message))
-            else:
-                tracked.condition = Condition(finding.type, Status.FALSE, since=now)
-                events.append(HostEvent(f"{finding.type}Ended", Severity.INFO, ""))
-        return events
-
-    def conditions(self) -> tuple[Condition, ...]:
-        return tuple(t.condition for _, t in sorted(self._tracked.items()))
-
-    def holding(self) -> list[Condition]:
-        return [c for c in self.conditions() if c.status is Status.TRUE]
-
-
-def health_of(conditions: Iterable[Condition]) -> Health:
-    severities = {c.severity for c in conditions if c.status is Status.TRUE}
-    if Severity.CRITICAL in severities:
-        return Health.UNHEALTHY
-    if Severity.WARNING in severities:
-        return Health.DEGRADED
-    return Health.HEALTHY
+__all__ = ["ConditionTracker", "Finding", "HealthStep", "HostHealthEngine", "Republisher",
+           "health_of"]
 
 
 @dataclass(frozen=True)
@@ -107,11 +30,13 @@ class HealthStep:
 
 
 class HostHealthEngine:
-    """Host-level rules: memory pressure, failing observers, operator drain."""
+    """Host rules (memory pressure, failing observers, drain) and link rules."""
 
-    def __init__(self, cfg: HostObserverSection) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: ObserversSection) -> None:
+        self.cfg = cfg.host
+        self.links = LinkHealthEngine(cfg.links)
         self.tracker = ConditionTracker()
+        self.link_levels: tuple[LinkLevels, ...] = ()
 
     def findings(
         self,
@@ -161,7 +86,16 @@ class HostHealthEngine:
         gpus_total: int = 0,
         gpus_healthy: int = 0,
     ) -> HealthStep:
-        events = self.tracker.update(self.findings(observations, failing or {}, drained), now)
+        findings = self.findings(observations, failing or {}, drained)
+        links = observations.get("links")
+        rdma = observations.get("rdma")
+        link_step = self.links.step(
+            views(links if isinstance(links, LinkSample) else None,
+                  rdma if isinstance(rdma, RdmaSample) else None),
+            now,
+        )
+        self.link_levels = link_step.links
+        events = self.tracker.update(findings + link_step.findings, now)
         conditions = self.tracker.conditions()
         summary = HostSummary(
             health=health_of(conditions),
@@ -169,6 +103,7 @@ class HostHealthEngine:
             gpus_total=gpus_total,
             gpus_healthy=gpus_healthy,
             conditions=conditions,
+            links=link_step.health,
         )
         return HealthStep(summary, events)
 

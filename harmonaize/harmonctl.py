@@ -66,6 +66,62 @@ def _render_agent_status(result: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _rate(bps: float | None) -> str:
+    if bps is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.2f}{unit}"
+    return f"{bps:.0f}"
+
+
+def _render_links(result: dict[str, Any]) -> str:
+    rows = [
+        {
+            **link,
+            "rx": _rate(link["rx_bps"]), "tx": _rate(link["tx_bps"]),
+            "rx_util": _pct(link["rx_utilization"]), "tx_util": _pct(link["tx_utilization"]),
+            "ce": _pct(link["ce_fraction"]),
+            "retx": f"{link['retransmits_per_s']:.1f}", "drops": f"{link['drops_per_s']:.1f}",
+            "speed": "-" if link["speed_mbps"] is None else f"{link['speed_mbps']}M",
+            "tclasses": " ".join(
+                f"{c}:{_rate(v['rx_bps'] + v['tx_bps'])}"
+                for c, v in sorted(link.get("traffic_classes", {}).items())),
+        }
+        for link in result.get("links", [])
+    ]
+    parts = [f"links: {result.get('state')} ({result.get('mode')}): {result.get('detail')}"]
+    if rows:
+        parts += ["", table(rows, [
+            ("name", "LINK"), ("class", "CLASS"), ("up", "UP"), ("speed", "SPEED"),
+            ("rx", "RX b/s"), ("tx", "TX b/s"), ("rx_util", "RX%"), ("tx_util", "TX%"),
+            ("ce", "CE%"), ("retx", "RETX/s"), ("drops", "DROP/s"),
+            ("congestion", "CONGESTION"), ("errors", "ERRORS"), ("tclasses", "CLASSES"),
+        ])]
+    ports = [
+        {**port, "rx": _rate(port["rx_bps"]), "tx": _rate(port["tx_bps"]),
+         "util": _pct(max((u for u in (port["rx_utilization"], port["tx_utilization"])
+                           if u is not None), default=None)),
+         "cnp": f"{port['cnp_handled_per_s']:.0f}/{port['cnp_sent_per_s']:.0f}"}
+        for port in result.get("rdma", [])
+    ]
+    if ports:
+        parts += ["", table(ports, [
+            ("name", "RDMA PORT"), ("netdev", "NETDEV"), ("state", "STATE"), ("rx", "RX b/s"),
+            ("tx", "TX b/s"), ("util", "UTIL"), ("cnp", "CNP IN/OUT"),
+            ("congestion", "CONGESTION"), ("errors", "ERRORS"),
+        ])]
+    drops = result.get("drops_by_reason") or {}
+    if drops:
+        parts += ["", "kernel drops/s: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in sorted(drops.items(), key=lambda kv: -kv[1]))]
+    return "\n".join(parts)
+
+
 def _render_controller_status(result: dict[str, Any]) -> str:
     hosts = result.get("hosts", {})
     return fields([
@@ -122,7 +178,10 @@ def _render_simple(result: Any) -> str:
 
 
 Renderer = Callable[[Any], str]
-AGENT_RENDERERS: dict[str, Renderer] = {"status": _render_agent_status}
+AGENT_RENDERERS: dict[str, Renderer] = {
+    "status": _render_agent_status,
+    "links": _render_links,
+}
 CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "status": _render_controller_status,
     "hosts": _render_hosts,
@@ -149,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("status", parents=[common], help="agent (or controller) status")
+    sub.add_parser("links", parents=[common], help="link rates, traffic classes, congestion")
     drain = sub.add_parser("drain", parents=[common], help="withdraw this host from capacity")
     drain.add_argument("--reason", default="drained by operator")
     sub.add_parser("undrain", parents=[common], help="return this host to capacity")

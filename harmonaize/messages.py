@@ -111,6 +111,18 @@ class Health(StrEnum):
     UNHEALTHY = "unhealthy"
 
 
+class Level(StrEnum):
+    """A coarse level, used where an exact value would say too much."""
+
+    NONE = "none"
+    LOW = "low"
+    HIGH = "high"
+
+    @property
+    def rank(self) -> int:
+        return ("none", "low", "high").index(self.value)
+
+
 class Trend(StrEnum):
     RISING = "rising"
     STEADY = "steady"
@@ -151,6 +163,18 @@ class Bucket:
 
 Conditions = Annotated[tuple[Condition, ...], Len(64)]
 
+
+@dataclass(frozen=True)
+class LinkHealth:
+    """One class of a host's links (e.g. "data"), in coarse levels only."""
+
+    link_class: Ident
+    links: Count
+    links_down: Count
+    congestion: Level
+    errors: Level
+
+
 # --- agent -> controller -------------------------------------------------------------
 
 
@@ -188,6 +212,7 @@ class HostSummary(Message):
     gpus_total: Count
     gpus_healthy: Count
     conditions: Conditions = ()
+    links: Annotated[tuple[LinkHealth, ...], Len(16)] = ()
 
 
 @message("host-event", Category.EVENT)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
+from harmonaize.testbed.netns import Lab
 from tests.conftest import Spawn, free_port, python
 
 
@@ -48,25 +49,33 @@ class Agent:
         return request(self.socket, cmd, args)
 
 
+#: Agents in the test's own namespace must not attach to this machine's NICs.
+NO_LINKS = "[observers.links]\nenabled = false\n"
+
+
 def agent_config(workdir: Path, name: str, extra: str = "", endpoint: str = "",
-                 group: str = "") -> Path:
+                 group: str = "", links: str = NO_LINKS) -> Path:
     path = workdir / f"{name}.toml"
     path.write_text(
         f'[agent]\nhost_id = "{name}"\nstate_dir = "{workdir / name}"\n'
         f'[socket]\npath = "{workdir / name}.sock"\ngroup = "{group}"\n'
-        f'[controller]\nendpoint = "{endpoint}"\n' + extra
+        f'[controller]\nendpoint = "{endpoint}"\n' + extra + links
     )
     return path
 
 
 def start_agent(spawn: Spawn, workdir: Path, name: str = "h1", extra: str = "",
                 endpoint: str = "", group: str = "", env: dict[str, str] | None = None,
-                wait: bool = True) -> Agent:
-    config = agent_config(workdir, name, extra, endpoint, group)
+                wait: bool = True, links: str = NO_LINKS, lab: Lab | None = None,
+                host: str | None = None) -> Agent:
+    """Start an agent; with ``lab``, inside that lab's namespace ``host`` (default: name)."""
+    config = agent_config(workdir, name, extra, endpoint, group, links)
     log = workdir / f"{name}.log"
+    argv = python("agent.main", "-c", str(config))
+    if lab is not None:
+        argv = lab.cmd(host or name, argv)
     with log.open("ab") as out:
-        proc = spawn(python("agent.main", "-c", str(config)), stdout=out,
-                     stderr=subprocess.STDOUT, env=env)
+        proc = spawn(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     agent = Agent(proc, workdir / f"{name}.sock", config, log)
     if wait:
         wait_until(serving(agent.socket, proc, log), what=f"agent {name}")

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.foundation
 
 @needs_root
 def test_runs_with_no_configuration_file_at_all(spawn, workdir: Path) -> None:
-    # A private mount namespace with empty /etc/harmonaize, /run and /var/lib, so the
-    # built-in default paths are used without touching this machine's.
+    # Private mount and network namespaces, with empty /etc/harmonaize, /run and
+    # /var/lib, so the built-in defaults are used without touching this machine's
+    # paths or NICs.
     script = (
         "mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /var/lib && "
         "mkdir -p /etc/harmonaize && mount -t tmpfs tmpfs /etc/harmonaize && "
@@ -29,7 +30,8 @@ def test_runs_with_no_configuration_file_at_all(spawn, workdir: Path) -> None:
     )
     log = workdir / "agent.log"
     with log.open("wb") as out:
-        proc = spawn(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        proc = spawn(["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c",
+                      script],
                      stdout=out, stderr=subprocess.STDOUT)
 
     def status() -> dict | None:
@@ -100,7 +102,7 @@ def test_notifies_systemd_ready_status_and_watchdog(spawn, workdir: Path) -> Non
 
 def test_check_mode_starts_observers_reports_and_exits(tmp_path: Path) -> None:
     config = tmp_path / "agent.toml"
-    config.write_text("[agent]\nlog_level = 'warning'\n")
+    config.write_text("[agent]\nlog_level = 'warning'\n[observers.links]\nenabled = false\n")
     result = subprocess.run(python("agent.main", "-c", str(config), "--check", "--json"),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import HostObserverSection
+from agent.config import HostObserverSection, ObserversSection
 from agent.health import ConditionTracker, Finding, HostHealthEngine, Republisher, health_of
 from agent.observers.host import HostSample
 from harmonaize.messages import Condition, Health, Severity, Status
@@ -58,7 +58,8 @@ def test_health_is_the_worst_severity_holding() -> None:
 
 
 def test_memory_pressure_needs_to_be_sustained() -> None:
-    engine = HostHealthEngine(HostObserverSection(memory_available_min=0.05, sustain=2.0))
+    host = HostObserverSection(memory_available_min=0.05, sustain=2.0)
+    engine = HostHealthEngine(ObserversSection(host=host))
     assert engine.step(sample(0.5), 0.0).summary.health is Health.HEALTHY
     assert engine.step(sample(0.01), 1.0).summary.health is Health.HEALTHY
     step = engine.step(sample(0.01), 3.0)
@@ -70,7 +71,7 @@ def test_memory_pressure_needs_to_be_sustained() -> None:
 
 
 def test_failing_observers_degrade_the_host_at_once() -> None:
-    engine = HostHealthEngine(HostObserverSection())
+    engine = HostHealthEngine(ObserversSection())
     step = engine.step({}, 0.0, failing={"links": "bcc missing"})
     assert step.summary.health is Health.DEGRADED
     (condition,) = [c for c in step.summary.conditions if c.status is Status.TRUE]
@@ -78,7 +79,7 @@ def test_failing_observers_degrade_the_host_at_once() -> None:
 
 
 def test_drain_withdraws_the_host_without_degrading_it() -> None:
-    engine = HostHealthEngine(HostObserverSection())
+    engine = HostHealthEngine(ObserversSection())
     step = engine.step(sample(0.5), 0.0, drained="maintenance")
     assert step.summary.schedulable is False
     assert step.summary.health is Health.HEALTHY

@@ -67,9 +67,14 @@ class Lab:
         *,
         subnet: str = "10.231.0.0/24",
         tag: str | None = None,
+        pair: bool = False,
     ) -> None:
+        """``pair=True`` joins exactly two hosts by one veth pair, with no bridge between."""
         if os.geteuid() != 0:
             raise PermissionError("network namespaces need root")
+        if pair and len(hosts) != 2:
+            raise ValueError("a pair needs exactly two hosts")
+        self.pair = pair
         self.hosts = list(hosts)
         self.tag = f"{os.getpid()}-{tag or format(time.monotonic_ns() % 100000, 'x')}"
         self.net = ipaddress.ip_network(subnet)
@@ -104,10 +109,19 @@ class Lab:
 
     def create(self) -> None:
         remove_stale()
-        for name in [self.switch, *(self.ns(h) for h in self.hosts)]:
+        names = [self.ns(h) for h in self.hosts] if self.pair else [
+            self.switch, *(self.ns(h) for h in self.hosts)]
+        for name in names:
             _ip("netns", "add", name)
             self._created.append(name)
             _ip("-n", name, "link", "set", "lo", "up")
+        if self.pair:
+            first, second = self.hosts
+            _ip("-n", self.ns(first), "link", "add", "eth0", "type", "veth",
+                "peer", "name", "eth0", "netns", self.ns(second))
+            for host in self.hosts:
+                self._address(host)
+            return
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for i, host in enumerate(self.hosts):
@@ -115,9 +129,12 @@ class Lab:
             _ip("-n", self.switch, "link", "add", port, "type", "veth",
                 "peer", "name", "eth0", "netns", self.ns(host))
             _ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
-            _ip("-n", self.ns(host), "addr", "add",
-                f"{self.addr(host)}/{self.net.prefixlen}", "dev", "eth0")
-            _ip("-n", self.ns(host), "link", "set", "eth0", "up")
+            self._address(host)
+
+    def _address(self, host: str) -> None:
+        _ip("-n", self.ns(host), "addr", "add",
+            f"{self.addr(host)}/{self.net.prefixlen}", "dev", "eth0")
+        _ip("-n", self.ns(host), "link", "set", "eth0", "up")
 
     def cmd(self, host: str, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.ns(host), *argv]

@@ -1,0 +1,172 @@
+"""Sans-I/O link health: per-link congestion and error levels with hysteresis.
+
+Links from the eBPF/proc link observer and RDMA ports from the RDMA observer
+become :class:`LinkView` s; each gets a raw level per interval from
+configured thresholds, held by :class:`LevelHold` (a rise shows at once, a
+fall only after the lower level persisted ``hold`` seconds, so congestion that
+flickers does not flap). Only per-class aggregates leave the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from agent.conditions import Finding
+from agent.config import LinksSection
+from agent.observers.links import LinkSample
+from agent.observers.rdma import RdmaSample
+from harmonaize.messages import Level, LinkHealth, Severity
+
+
+@dataclass(frozen=True)
+class LinkView:
+    """What the rules need of a link, whichever observer saw it."""
+
+    name: str
+    link_class: str
+    up: bool
+    utilization: float | None
+    #: CE-marked share of received packets, or RDMA CNPs/ECN marks per packet.
+    ce_fraction: float
+    #: Retransmissions per transmitted packet.
+    retransmit_fraction: float
+    #: Drops and errors per packet (both directions).
+    loss_fraction: float
+    #: Packets per second, both directions (shares over few packets are noise).
+    packets_per_s: float = 0.0
+
+
+def views(links: LinkSample | None, rdma: RdmaSample | None) -> list[LinkView]:
+    out = []
+    for link in links.links if links else ():
+        packets = link.rx_pps + link.tx_pps
+        out.append(LinkView(
+            link.name, link.link_class, link.up, link.utilization, link.ce_fraction,
+            link.retransmits_per_s / link.tx_pps if link.tx_pps else 0.0,
+            (link.drops_per_s + link.errors_per_s) / packets if packets else
+            (1.0 if link.drops_per_s + link.errors_per_s else 0.0),
+            packets,
+        ))
+    for port in rdma.ports if rdma else ():
+        packets = port.rx_pps + port.tx_pps
+        out.append(LinkView(
+            port.name, port.link_class, port.up, port.utilization, port.congestion_fraction,
+            port.retransmits_per_s / port.tx_pps if port.tx_pps else 0.0,
+            port.errors_per_s / packets if packets else (1.0 if port.errors_per_s else 0.0),
+            packets,
+        ))
+    for name in rdma.missing if rdma else ():
+        out.append(LinkView(name, "data", False, None, 0.0, 0.0, 0.0))
+    return out
+
+
+def congestion_of(view: LinkView, cfg: LinksSection) -> Level:
+    util = view.utilization or 0.0
+    busy = view.packets_per_s >= cfg.min_packets_per_s
+    ce = view.ce_fraction if busy else 0.0
+    retx = view.retransmit_fraction if busy else 0.0
+    if util >= cfg.utilization_high or ce >= cfg.ce_high or retx >= cfg.retransmit_high:
+        return Level.HIGH
+    if util >= cfg.utilization_low or ce >= cfg.ce_low or retx >= cfg.retransmit_low:
+        return Level.LOW
+    return Level.NONE
+
+
+def errors_of(view: LinkView, cfg: LinksSection) -> Level:
+    if view.loss_fraction >= cfg.retransmit_high:
+        return Level.HIGH
+    if view.loss_fraction > 0:
+        return Level.LOW
+    return Level.NONE
+
+
+@dataclass
+class LevelHold:
+    """Rises at once; falls only after lower raw levels persisted ``hold`` seconds.
+
+    It falls to the highest raw level seen while it waited, so high -> low ->
+    none takes two holds, as a level that only just went quiet should.
+    """
+
+    hold: float
+    level: Level = Level.NONE
+    _lower_since: float | None = None
+    _lower_max: Level = Level.NONE
+
+    def update(self, raw: Level, now: float) -> Level:
+        if raw.rank >= self.level.rank:
+            self.level, self._lower_since = raw, None
+            return self.level
+        if self._lower_since is None:
+            self._lower_since, self._lower_max = now, raw
+            return self.level
+        if raw.rank > self._lower_max.rank:
+            self._lower_max = raw
+        if now - self._lower_since >= self.hold:
+            self.level = self._lower_max
+            self._lower_since, self._lower_max = now, raw
+        return self.level
+
+
+@dataclass(frozen=True)
+class LinkLevels:
+    name: str
+    link_class: str
+    up: bool
+    congestion: Level
+    errors: Level
+
+
+@dataclass(frozen=True)
+class LinkStep:
+    links: tuple[LinkLevels, ...]
+    health: tuple[LinkHealth, ...]
+    findings: list[Finding]
+
+
+@dataclass
+class LinkHealthEngine:
+    cfg: LinksSection
+    _congestion: dict[str, LevelHold] = field(default_factory=dict)
+    _errors: dict[str, LevelHold] = field(default_factory=dict)
+
+    def step(self, link_views: Iterable[LinkView], now: float) -> LinkStep:
+        levels = []
+        for view in link_views:
+            congestion = self._congestion.setdefault(view.name, LevelHold(self.cfg.hold))
+            errors = self._errors.setdefault(view.name, LevelHold(self.cfg.hold))
+            levels.append(LinkLevels(
+                view.name, view.link_class, view.up,
+                congestion.update(congestion_of(view, self.cfg) if view.up else Level.NONE, now),
+                errors.update(errors_of(view, self.cfg), now),
+            ))
+        return LinkStep(tuple(levels), aggregate(levels), self._findings(levels))
+
+    @staticmethod
+    def _findings(levels: list[LinkLevels]) -> list[Finding]:
+        down = sorted(link.name for link in levels if not link.up)
+        congested = sorted(link.name for link in levels if link.congestion is Level.HIGH)
+        return [
+            Finding("LinkDown", bool(down), Severity.WARNING, "LinkNotUp" if down else "",
+                    ", ".join(down)[:1000]),
+            Finding("LinkCongested", bool(congested), Severity.WARNING,
+                    "HighCongestion" if congested else "", ", ".join(congested)[:1000]),
+        ]
+
+
+def aggregate(levels: Iterable[LinkLevels]) -> tuple[LinkHealth, ...]:
+    """Per link class: how many links, how many down, the worst levels."""
+    classes: dict[str, list[LinkLevels]] = {}
+    for link in levels:
+        classes.setdefault(link.link_class, []).append(link)
+    return tuple(
+        LinkHealth(
+            link_class=name,
+            links=len(members),
+            links_down=sum(1 for m in members if not m.up),
+            congestion=max((m.congestion for m in members), key=lambda lv: lv.rank),
+            errors=max((m.errors for m in members), key=lambda lv: lv.rank),
+        )
+        for name, members in sorted(classes.items())
+    )

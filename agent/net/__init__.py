@@ -1,0 +1,1 @@
+"""Network observation: sysfs/procfs readers, tracefs formats, the eBPF datapath, tc."""

@@ -1,0 +1,456 @@
+"""Link observer: how full each NIC is, per traffic class, and whether it is congested.
+
+With eBPF (the default where it works) per-interface, per-direction,
+per-DSCP-class bytes and packets and ECN marks come from tc clsact counters,
+and retransmissions and drops from tracepoints. Without it (no bcc, no
+kernel headers, no tracefs, or ``mode = "proc"``) the same rates come from
+``/proc/net/dev`` and ``/proc/net/snmp``, without classes or per-link ECN,
+and the observer's detail line says why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.config import AgentConfig, LinkMode, LinksSection
+from agent.net import sysfs
+from agent.net.datapath import (
+    BYTES,
+    CE,
+    CLASSES,
+    ECT,
+    EGRESS,
+    INGRESS,
+    PACKETS,
+    BpfUnavailable,
+    Counters,
+    LinkDatapath,
+    Prefix,
+    dscp_map,
+)
+from agent.net.netlink import Netlink
+from agent.net.sysfs import DevCounters, NetDevice
+from agent.observers.base import FeatureAbsent, Observer, register
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CLASS = "data"
+ROUTE_TTL = 30.0
+#: Kernel drop reasons are re-read this often (seconds).
+DROP_PERIOD = 1.0
+#: Operational state is read at most this often (seconds): it rarely changes, and
+#: reading it per interface every interval costs more than the counters do.
+STATE_PERIOD = 1.0
+
+
+@dataclass(frozen=True)
+class ClassRates:
+    cls: int
+    rx_bps: float
+    tx_bps: float
+    rx_bytes_total: int = 0
+    tx_bytes_total: int = 0
+
+
+@dataclass(frozen=True)
+class LinkRates:
+    name: str
+    link_class: str
+    up: bool
+    speed_mbps: int | None
+    rx_bps: float
+    tx_bps: float
+    rx_pps: float
+    tx_pps: float
+    rx_utilization: float | None
+    tx_utilization: float | None
+    #: Share of received packets that were ECN-capable / CE-marked (eBPF mode only).
+    ect_fraction: float
+    ce_fraction: float
+    retransmits_per_s: float
+    drops_per_s: float
+    errors_per_s: float
+    classes: tuple[ClassRates, ...] = ()
+    #: Cumulative counts: since attach in eBPF mode, the interface's own in proc mode.
+    totals: tuple[int, int, int, int] = (0, 0, 0, 0)  # rx bytes, tx bytes, rx pkts, tx pkts
+
+    @property
+    def utilization(self) -> float | None:
+        """The busier direction, 0..1, or None when the speed is unknown."""
+        values = [u for u in (self.rx_utilization, self.tx_utilization) if u is not None]
+        return max(values) if values else None
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    mode: str
+    interval: float
+    links: tuple[LinkRates, ...]
+    #: Host-wide retransmitted segments per second (all interfaces).
+    retransmits_per_s: float
+    #: Kernel drops per second by reason (eBPF tracepoints only).
+    drops_by_reason: dict[str, float]
+
+
+def select(devices: Iterable[NetDevice], cfg: LinksSection) -> list[NetDevice]:
+    """Which interfaces to watch: include globs, else physical/RDMA NICs; minus excludes."""
+    chosen = []
+    for device in devices:
+        if device.name == "lo" or any(fnmatch.fnmatch(device.name, g) for g in cfg.exclude):
+            continue
+        if cfg.include:
+            wanted = any(fnmatch.fnmatch(device.name, g) for g in cfg.include)
+        else:
+            wanted = device.physical or device.rdma or cfg.include_virtual
+        if wanted:
+            chosen.append(device)
+    return chosen
+
+
+def _delta(current: int, previous: int) -> int:
+    """Counter difference; a counter that went backwards was reset (or evicted)."""
+    return current - previous if current >= previous else current
+
+
+def _rate(current: int, previous: int, dt: float) -> float:
+    return _delta(current, previous) / dt if dt > 0 else 0.0
+
+
+def _utilization(bps: float, speed_mbps: int | None) -> float | None:
+    if not speed_mbps:
+        return None
+    return min(1.0, bps / (speed_mbps * 1e6))
+
+
+class RouteCache:
+    """Which interface a peer prefix is reached through (for retransmit attribution)."""
+
+    def __init__(self) -> None:
+        self._netlink: Netlink | None = None
+        self._cache: dict[Prefix, tuple[int | None, float]] = {}
+
+    def oif(self, prefix: Prefix, now: float) -> int | None:
+        hit = self._cache.get(prefix)
+        if hit is not None and now - hit[1] < ROUTE_TTL:
+            return hit[0]
+        oif = None
+        try:
+            if self._netlink is None:
+                self._netlink = Netlink()
+            address = str(ipaddress.ip_address(prefix.address))
+            ipr = self._netlink.ipr
+            routes = self._netlink.call(lambda: list(ipr.route("get", dst=address)))
+            oif = routes[0].get_attr("RTA_OIF") if routes else None
+        except Exception:  # unreachable prefix: unattributed
+            oif = None
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[prefix] = (oif, now)
+        return oif
+
+    def close(self) -> None:
+        if self._netlink is not None:
+            self._netlink.close()
+            self._netlink = None
+
+
+class LinksObserver(Observer):
+    name = "links"
+
+    def __init__(self, cfg: LinksSection, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.devices: list[NetDevice] = []
+        self.mode = "proc"
+        self.detail = ""
+        self.datapath: LinkDatapath | None = None
+        self.routes = RouteCache()
+        self._speeds: dict[str, int | None] = {}
+        self._speeds_at = 0.0
+        self._states: dict[str, str] = {}
+        self._states_at = 0.0
+        self._drops_at = float("-inf")
+        self._last_drops: dict[str, float] = {}
+        self._net_dev = sysfs.ProcFile(cfg.procfs_root, "net", "dev")
+        self._snmp = sysfs.ProcFile(cfg.procfs_root, "net", "snmp")
+        self._prev: dict[str, Any] | None = None
+        self._prev_at = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.devices = select(sysfs.list_devices(self.cfg.sysfs_root), self.cfg)
+        if not self.devices:
+            raise FeatureAbsent("no interfaces to watch (see observers.links.include)")
+        self._refresh_speeds(self.clock())
+        self._refresh_states(self.clock())
+        if self.cfg.mode is LinkMode.PROC:
+            self._fallback("/proc counters by configuration")
+        else:
+            try:
+                self.datapath = self._load_datapath()
+            except BpfUnavailable as exc:
+                if self.cfg.mode is LinkMode.EBPF:
+                    raise RuntimeError(f"eBPF required but unavailable: {exc}") from None
+                self._fallback(str(exc))
+            else:
+                self.mode = "ebpf"
+                self.detail = (
+                    f"eBPF on {len(self.devices)} interface(s); {self.datapath.events_detail}"
+                )
+        self._prev_at = self.clock()
+        self._prev = self._read()
+
+    def _load_datapath(self) -> LinkDatapath:
+        classes = {int(k): v for k, v in self.cfg.dscp_classes.items()}
+        datapath = LinkDatapath(
+            Path(self.cfg.bpf_dir) if self.cfg.bpf_dir else None,
+            dscp_classes=dscp_map(classes),
+            prefix_v4=self.cfg.retransmit_prefix_v4,
+            prefix_v6=self.cfg.retransmit_prefix_v6,
+            tracepoints=self.cfg.tracepoints,
+        )
+        try:
+            datapath.load()
+            datapath.attach(self.devices)
+        except BpfUnavailable:
+            datapath.close()
+            raise
+        except Exception as exc:
+            datapath.close()
+            raise BpfUnavailable(f"attaching to the interfaces failed: {exc}") from None
+        return datapath
+
+    def _fallback(self, reason: str) -> None:
+        self.mode = "proc"
+        self.detail = f"proc fallback: {reason}"
+        log.warning("links: %s", self.detail)
+
+    def stop(self) -> None:
+        if self.datapath is not None:
+            self.datapath.close()
+            self.datapath = None
+        self.routes.close()
+        self._net_dev.close()
+        self._snmp.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"detail": self.detail, "mode": self.mode,
+                "interfaces": [d.name for d in self.devices]}
+
+    # --- sampling -------------------------------------------------------------------
+
+    def _refresh_states(self, now: float) -> None:
+        for device in self.devices:
+            self._states[device.name] = sysfs.read_operstate(self.cfg.sysfs_root, device.name)
+        self._states_at = now
+
+    def _refresh_speeds(self, now: float) -> None:
+        for device in self.devices:
+            self._speeds[device.name] = self.cfg.speeds.get(device.name) or sysfs.read_speed(
+                self.cfg.sysfs_root, device.name)
+        self._speeds_at = now
+
+    def _read(self) -> dict[str, Any]:
+        snapshot: dict[str, Any] = {"dev": sysfs.parse_proc_net_dev(self._net_dev.read())}
+        # Segments, from this network namespace; the tracepoint (all namespaces,
+        # counting skbs) only says how they split across links.
+        retx_total = sysfs.snmp_value(self._snmp.read(), "Tcp", "RetransSegs") or 0
+        snapshot["retx_total"] = retx_total
+        datapath = self.datapath
+        if datapath is not None:
+            previous = self._prev or {}
+            snapshot["bpf"] = datapath.read_links()
+            # Walking the kernel's hash maps is the costly part of a pass: the
+            # retransmit map only matters when segments were retransmitted, and
+            # drop reasons are a diagnosis, refreshed once a second.
+            if datapath.has_retransmits and retx_total != previous.get("retx_total"):
+                snapshot["retx"] = datapath.read_retransmits()
+            else:
+                snapshot["retx"] = previous.get("retx") if datapath.has_retransmits else None
+            now = self.clock()
+            if datapath.has_drops and (now - self._drops_at >= DROP_PERIOD or not previous):
+                snapshot["drops"] = datapath.read_drops()
+                snapshot["drops_at"] = self._drops_at = now
+            else:
+                snapshot["drops"] = previous.get("drops")
+                snapshot["drops_at"] = previous.get("drops_at", now)
+        return snapshot
+
+    def sample(self, now: float) -> LinkSample:
+        mono = self.clock()
+        if mono - self._speeds_at > 10.0:  # speeds change when links renegotiate
+            self._refresh_speeds(mono)
+        if mono - self._states_at >= STATE_PERIOD:
+            self._refresh_states(mono)
+        current = self._read()
+        previous, self._prev = self._prev or current, current
+        dt, self._prev_at = mono - self._prev_at, mono
+        retx_by_if, retx_total = self._retransmits(current, previous, dt, now)
+        links = tuple(
+            self._link(device, current, previous, dt, retx_by_if.get(device.ifindex, 0.0))
+            for device in self.devices
+        )
+        return LinkSample(self.mode, dt, links, retx_total, self._drops(current, previous, dt))
+
+    def _retransmits(self, current: dict[str, Any], previous: dict[str, Any], dt: float,
+                     now: float) -> tuple[dict[int, float], float]:
+        """Retransmitted segments per second: per interface where attributable, and in all."""
+        total = _rate(current.get("retx_total", 0), previous.get("retx_total", 0), dt)
+        if current.get("retx") is None or total <= 0:
+            return {}, total
+        events: dict[int, float] = {}
+        all_events = 0.0
+        before = previous.get("retx") or {}
+        for prefix, count in current["retx"].items():
+            rate = _rate(count, before.get(prefix, 0), dt)
+            if rate <= 0:
+                continue
+            all_events += rate
+            oif = self.routes.oif(prefix, now)
+            if oif is not None:
+                events[oif] = events.get(oif, 0.0) + rate
+        if all_events <= 0:
+            return {}, total
+        return {oif: total * n / all_events for oif, n in events.items()}, total
+
+    def _drops(self, current: dict[str, Any], previous: dict[str, Any],
+               dt: float) -> dict[str, float]:
+        """Drops per second by reason, over the last refresh of the drop map."""
+        if not current.get("drops") or self.datapath is None:
+            return {}
+        if current.get("drops_at") == previous.get("drops_at"):
+            return self._last_drops  # not re-read this interval
+        span = current["drops_at"] - previous.get("drops_at", current["drops_at"])
+        names = self.datapath.drop_reasons
+        before = previous.get("drops") or {}
+        out = {}
+        for reason, count in current["drops"].items():
+            rate = _rate(count, before.get(reason, 0), span)
+            if rate > 0:
+                out[names.get(reason, str(reason))] = rate
+        self._last_drops = out
+        return out
+
+    def _link(self, device: NetDevice, current: dict[str, Any], previous: dict[str, Any],
+              dt: float, retransmits: float) -> LinkRates:
+        speed = self._speeds.get(device.name)
+        link_class = self.cfg.link_classes.get(device.name, DEFAULT_CLASS)
+        state = self._states.get(device.name, "absent")
+        up = state in ("up", "unknown")
+        dev_now: DevCounters | None = current["dev"].get(device.name)
+        dev_before: DevCounters | None = previous["dev"].get(device.name)
+        drops = errors = 0.0
+        if dev_now and dev_before:
+            drops = _rate(dev_now.rx_drops + dev_now.tx_drops,
+                          dev_before.rx_drops + dev_before.tx_drops, dt)
+            errors = _rate(dev_now.rx_errors + dev_now.tx_errors,
+                           dev_before.rx_errors + dev_before.tx_errors, dt)
+        bpf_now: Counters | None = current.get("bpf", {}).get(device.ifindex)
+        bpf_before: Counters | None = (previous.get("bpf") or {}).get(device.ifindex)
+        if bpf_now is not None and bpf_before is not None:
+            traffic = _bpf_traffic(bpf_now, bpf_before, dt)
+        else:
+            traffic = _dev_traffic(dev_now, dev_before, dt)
+        return LinkRates(
+            device.name, link_class, up, speed, traffic.rx_bps, traffic.tx_bps,
+            traffic.rx_pps, traffic.tx_pps, _utilization(traffic.rx_bps, speed),
+            _utilization(traffic.tx_bps, speed), traffic.ect_fraction, traffic.ce_fraction,
+            retransmits, drops, errors, traffic.classes, traffic.totals,
+        )
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    rx_bps: float = 0.0
+    tx_bps: float = 0.0
+    rx_pps: float = 0.0
+    tx_pps: float = 0.0
+    ect_fraction: float = 0.0
+    ce_fraction: float = 0.0
+    classes: tuple[ClassRates, ...] = ()
+    totals: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+def _dev_traffic(now: DevCounters | None, before: DevCounters | None, dt: float) -> _Traffic:
+    if now is None or before is None:
+        return _Traffic()
+    return _Traffic(
+        rx_bps=8 * _rate(now.rx_bytes, before.rx_bytes, dt),
+        tx_bps=8 * _rate(now.tx_bytes, before.tx_bytes, dt),
+        rx_pps=_rate(now.rx_packets, before.rx_packets, dt),
+        tx_pps=_rate(now.tx_packets, before.tx_packets, dt),
+        totals=(now.rx_bytes, now.tx_bytes, now.rx_packets, now.tx_packets),
+    )
+
+
+def _bpf_traffic(now: Counters, before: Counters, dt: float) -> _Traffic:
+    def rate(direction: int, field: int, cls: int | None = None) -> float:
+        if cls is None:
+            return _rate(now.total(direction, field), before.total(direction, field), dt)
+        return _rate(now.get(direction, cls, field), before.get(direction, cls, field), dt)
+
+    rx_pps = rate(INGRESS, PACKETS)
+    return _Traffic(
+        rx_bps=8 * rate(INGRESS, BYTES),
+        tx_bps=8 * rate(EGRESS, BYTES),
+        rx_pps=rx_pps,
+        tx_pps=rate(EGRESS, PACKETS),
+        ect_fraction=rate(INGRESS, ECT) / rx_pps if rx_pps else 0.0,
+        ce_fraction=rate(INGRESS, CE) / rx_pps if rx_pps else 0.0,
+        classes=tuple(
+            ClassRates(cls, 8 * rate(INGRESS, BYTES, cls), 8 * rate(EGRESS, BYTES, cls),
+                       now.get(INGRESS, cls, BYTES), now.get(EGRESS, cls, BYTES))
+            for cls in range(CLASSES)
+            if now.get(INGRESS, cls, PACKETS) or now.get(EGRESS, cls, PACKETS)
+        ),
+        totals=(now.total(INGRESS, BYTES), now.total(EGRESS, BYTES),
+                now.total(INGRESS, PACKETS), now.total(EGRESS, PACKETS)),
+    )
+
+
+def links_table(sample: LinkSample | None) -> list[dict[str, Any]]:
+    """Rows for ``harmonctl links``."""
+    if sample is None:
+        return []
+    return [
+        {
+            "name": link.name,
+            "class": link.link_class,
+            "up": link.up,
+            "speed_mbps": link.speed_mbps,
+            "rx_bps": round(link.rx_bps),
+            "tx_bps": round(link.tx_bps),
+            "rx_pps": round(link.rx_pps),
+            "tx_pps": round(link.tx_pps),
+            "rx_utilization": link.rx_utilization,
+            "tx_utilization": link.tx_utilization,
+            "ect_fraction": link.ect_fraction,
+            "ce_fraction": link.ce_fraction,
+            "retransmits_per_s": link.retransmits_per_s,
+            "drops_per_s": link.drops_per_s,
+            "errors_per_s": link.errors_per_s,
+            "totals": dict(zip(("rx_bytes", "tx_bytes", "rx_packets", "tx_packets"),
+                               link.totals, strict=True)),
+            "traffic_classes": {
+                str(c.cls): {"rx_bps": round(c.rx_bps), "tx_bps": round(c.tx_bps),
+                             "rx_bytes": c.rx_bytes_total, "tx_bytes": c.tx_bytes_total}
+                for c in link.classes
+            },
+        }
+        for link in sample.links
+    ]
+
+
+def _factory(cfg: AgentConfig) -> Observer:
+    return LinksObserver(cfg.observers.links)
+
+
+register("links", _factory, enabled=lambda cfg: cfg.observers.links.enabled)

@@ -1,0 +1,258 @@
+"""Link observation for real: eBPF in network namespaces with iperf3 traffic."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from bcc import BPF
+from pyroute2 import NetNS
+from pyroute2.netlink.exceptions import NetlinkError
+
+from agent.net.sysfs import DevCounters, parse_proc_net_dev
+from harmonaize.testbed.netns import Lab
+from tests.conftest import needs_root, python
+from tests.daemons import Agent, start_agent, wait_until
+
+pytestmark = [pytest.mark.links, needs_root]
+
+EBPF = ('[observers.links]\ninclude = ["eth0"]\nmode = "ebpf"\n'
+        "speeds = { eth0 = 10000 }\n")
+
+
+@pytest.fixture
+def lab(make_lab) -> Lab:
+    return make_lab(["a", "b"])
+
+
+def agent_in(spawn, workdir: Path, lab: Lab, links: str = EBPF, name: str = "a") -> Agent:
+    return start_agent(spawn, workdir, name, links=links, lab=lab, host="a")
+
+
+def offloads_off(lab: Lab) -> None:
+    # With segmentation offloads off a veth counts one packet per segment, like a NIC.
+    for host in ("a", "b"):
+        result = lab.run(host, ["ethtool", "-K", "eth0", "tso", "off", "gso", "off", "gro", "off"])
+        assert result.returncode == 0, result.stderr
+
+
+def iperf(lab: Lab, seconds: float = 2, tos: str | None = None, wait: bool = True,
+          port: int = 5201) -> subprocess.Popen[str]:
+    server = subprocess.Popen(lab.cmd("b", ["iperf3", "-s", "-1", "-p", str(port)]),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    argv = ["iperf3", "-c", lab.addr("b"), "-p", str(port), "-t", str(seconds), "-J"]
+    if tos:
+        argv += ["-S", tos]
+    client = subprocess.Popen(lab.cmd("a", argv), stdout=subprocess.PIPE, text=True)
+    if wait:
+        out, _ = client.communicate(timeout=seconds + 30)
+        assert client.returncode == 0, out
+        server.wait(timeout=10)
+    return client
+
+
+def dev(lab: Lab) -> DevCounters:
+    return parse_proc_net_dev(lab.run("a", ["cat", "/proc/net/dev"]).stdout)["eth0"]
+
+
+def eth0(agent: Agent) -> dict:
+    (link,) = agent.request("links")["links"]
+    return link
+
+
+def settled_totals(agent: Agent) -> dict:
+    """Totals once two consecutive samples agree (no traffic in flight)."""
+    def stable() -> dict | None:
+        first = eth0(agent)["totals"]
+        time.sleep(0.25)
+        second = eth0(agent)["totals"]
+        return second if first == second else None
+
+    return wait_until(stable, what="the counters to settle")
+
+
+def our_filters(lab: Lab) -> list[str]:
+    names = []
+    for direction in ("ingress", "egress"):
+        words = lab.run("a", ["tc", "filter", "show", "dev", "eth0", direction]).stdout.split()
+        names += [after for word, after in itertools.pairwise(words) if word == "name"]
+    return names
+
+
+def test_ebpf_counts_agree_with_the_interface_counters(spawn, workdir: Path, lab: Lab) -> None:
+    offloads_off(lab)
+    agent = agent_in(spawn, workdir, lab)
+    assert agent.request("links")["mode"] == "ebpf"
+    before, dev_before = settled_totals(agent), dev(lab)
+    iperf(lab, seconds=2)
+    after, dev_after = settled_totals(agent), dev(lab)
+    expected = {
+        "rx_bytes": dev_after.rx_bytes - dev_before.rx_bytes,
+        "tx_bytes": dev_after.tx_bytes - dev_before.tx_bytes,
+        "rx_packets": dev_after.rx_packets - dev_before.rx_packets,
+        "tx_packets": dev_after.tx_packets - dev_before.tx_packets,
+    }
+    assert expected["tx_bytes"] > 10_000_000
+    for key, want in expected.items():
+        got = after[key] - before[key]
+        assert abs(got - want) <= 0.02 * want, (key, got, want)
+
+
+def test_gso_packets_count_as_their_segments(spawn, workdir: Path, lab: Lab) -> None:
+    # With offloads on, the veth counts a GSO super-packet once, unsegmented; we count
+    # the segments and the bytes they take on a wire, so we count more of both.
+    agent = agent_in(spawn, workdir, lab)
+    before, dev_before = settled_totals(agent), dev(lab)
+    iperf(lab, seconds=1)
+    after, dev_after = settled_totals(agent), dev(lab)
+    skbs = dev_after.tx_packets - dev_before.tx_packets
+    segments = after["tx_packets"] - before["tx_packets"]
+    assert segments > 2 * skbs
+    payload_and_one_header = dev_after.tx_bytes - dev_before.tx_bytes
+    wire = after["tx_bytes"] - before["tx_bytes"]
+    assert payload_and_one_header < wire < 1.1 * payload_and_one_header
+
+
+def test_two_tos_values_are_counted_in_two_classes(spawn, workdir: Path, lab: Lab) -> None:
+    agent = agent_in(spawn, workdir, lab)
+    iperf(lab, seconds=1, tos="0x20")   # DSCP 8  -> class 1 (CS1)
+    iperf(lab, seconds=1, tos="0xb8")   # DSCP 46 -> class 5 (EF)
+    settled_totals(agent)
+    classes = eth0(agent)["traffic_classes"]
+    assert classes["1"]["tx_bytes"] > 5_000_000
+    assert classes["5"]["tx_bytes"] > 5_000_000
+    total = eth0(agent)["totals"]["tx_bytes"]
+    assert classes["1"]["tx_bytes"] + classes["5"]["tx_bytes"] > 0.95 * total
+
+
+def attach_dropper(lab: Lab, permille: int, host: str = "a",
+                   direction: str = "egress") -> BPF:
+    """Load the test-only dropping program on a host's eth0 (the lab removes it with
+    the namespace). It sits behind the agent's filter (prio 100)."""
+    bpf = BPF(src_file=str(Path(__file__).parent / "bpf" / "drop.c").encode())
+    fn = bpf.load_func(b"test_drop", BPF.SCHED_CLS)
+    bpf[b"test_drop_permille"][ctypes.c_int(0)] = ctypes.c_uint32(permille)
+    ns = NetNS(lab.ns(host))
+    try:
+        index = ns.link_lookup(ifname="eth0")[0]
+        with contextlib.suppress(NetlinkError):  # the agent's clsact may be there
+            ns.tc("add", "clsact", index)
+        parent = "ffff:fff3" if direction == "egress" else "ffff:fff2"
+        ns.tc("add-filter", "bpf", index, ":1", fd=fn.fd, name=fn.name, parent=parent,
+              classid=1, direct_action=True, prio=100)
+    finally:
+        ns.close()
+    return bpf
+
+
+def test_drops_and_retransmissions_are_reported(spawn, workdir: Path, lab: Lab) -> None:
+    # Loss in the network: the receiver's ingress drops 5% of what a sends.
+    agent = agent_in(spawn, workdir, lab)
+    bpf = attach_dropper(lab, permille=50, host="b", direction="ingress")
+    client = iperf(lab, seconds=6, wait=False)
+    try:
+        def lossy() -> dict | None:
+            links = agent.request("links")
+            link = links["links"][0]
+            if link["retransmits_per_s"] > 0 and links["drops_by_reason"].get("TC_INGRESS", 0):
+                return links
+            return None
+
+        links = wait_until(lossy, timeout=20, what="retransmits and TC_INGRESS drops")
+        assert links["links"][0]["congestion"] == "high"  # about 5% retransmitted
+        conditions = {c["type"]: c for c in agent.request("status")["conditions"]}
+        assert conditions["LinkCongested"]["status"] == "True"
+        assert conditions["LinkCongested"]["message"] == "eth0"
+    finally:
+        client.wait(timeout=30)
+    del bpf
+
+
+def test_sigkill_then_restart_leaves_no_stale_filters(spawn, workdir: Path, lab: Lab) -> None:
+    bpf = attach_dropper(lab, permille=0)  # someone else's filter, which we must not touch
+    agent = agent_in(spawn, workdir, lab)
+    assert sorted(our_filters(lab)) == ["hz_tc_egress", "hz_tc_ingress", "test_drop"]
+    agent.proc.send_signal(signal.SIGKILL)
+    agent.proc.wait(timeout=10)
+    assert sorted(our_filters(lab)) == ["hz_tc_egress", "hz_tc_ingress", "test_drop"]
+    agent = agent_in(spawn, workdir, lab)
+    assert sorted(our_filters(lab)) == ["hz_tc_egress", "hz_tc_ingress", "test_drop"]
+    assert "removed filters left by a previous agent" in agent.log.read_text()
+    before = settled_totals(agent)
+    iperf(lab, seconds=1)
+    assert settled_totals(agent)["tx_bytes"] > before["tx_bytes"] + 1_000_000
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(timeout=10) == 0
+    assert our_filters(lab) == ["test_drop"]
+    del bpf
+
+
+def test_sigterm_removes_filters_and_the_clsact_we_added(spawn, workdir: Path, lab: Lab) -> None:
+    agent = agent_in(spawn, workdir, lab)
+    assert "clsact" in lab.run("a", ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(timeout=10) == 0
+    assert our_filters(lab) == []
+    assert "clsact" not in lab.run("a", ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+
+def test_proc_fallback_reports_utilization(spawn, workdir: Path, lab: Lab) -> None:
+    links = EBPF.replace('mode = "ebpf"', 'mode = "proc"').replace("10000", "1000")
+    agent = agent_in(spawn, workdir, lab, links=links)
+    assert our_filters(lab) == []
+    status = {o["name"]: o for o in agent.request("status")["observers"]}
+    assert status["links"]["detail"] == "proc fallback: /proc counters by configuration"
+    client = iperf(lab, seconds=4, wait=False)
+    try:
+        link = wait_until(lambda: (row := eth0(agent))["tx_utilization"] > 0.5 and row,
+                          timeout=20, what="utilization from /proc")
+        assert link["traffic_classes"] == {} and link["congestion"] == "high"
+    finally:
+        client.wait(timeout=30)
+
+
+def test_auto_mode_falls_back_and_says_why(spawn, workdir: Path, lab: Lab) -> None:
+    links = EBPF.replace('mode = "ebpf"', f'mode = "auto"\nbpf_dir = "{workdir}"')
+    agent = agent_in(spawn, workdir, lab, links=links)
+    detail = agent.request("links")["detail"]
+    assert detail.startswith("proc fallback: BPF source") and "not found" in detail
+    table = subprocess.run(python("harmonaize.harmonctl", "-s", str(agent.socket), "status"),
+                           capture_output=True, text=True, timeout=30).stdout
+    assert "proc fallback: BPF source" in table
+
+
+def test_ebpf_mode_fails_the_observer_when_unavailable(spawn, workdir: Path, lab: Lab) -> None:
+    links = EBPF + f'bpf_dir = "{workdir}"\n'
+    agent = agent_in(spawn, workdir, lab, links=links)
+    status = {o["name"]: o for o in agent.request("status")["observers"]}
+    assert status["links"]["state"] == "failed"
+    assert "eBPF required but unavailable" in status["links"]["detail"]
+    assert agent.request("status")["health"] == "degraded"
+
+
+def test_check_mode_attaches_reports_and_detaches(workdir: Path, lab: Lab) -> None:
+    config = workdir / "check.toml"
+    config.write_text("[agent]\nlog_level = 'warning'\n" + EBPF)
+    result = lab.run("a", python("agent.main", "-c", str(config), "--check", "--json"))
+    assert result.returncode == 0, result.stderr
+    (links,) = [o for o in json.loads(result.stdout)["observers"] if o["name"] == "links"]
+    assert links["state"] == "running" and links["detail"].startswith("eBPF on 1 interface")
+    assert our_filters(lab) == []
+
+
+def test_harmonctl_links_table_and_json(spawn, workdir: Path, lab: Lab) -> None:
+    agent = agent_in(spawn, workdir, lab)
+    argv = python("harmonaize.harmonctl", "-s", str(agent.socket), "links")
+    table = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+    assert "LINK" in table and "eth0" in table and "links: running (ebpf)" in table
+    parsed = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True,
+                                       timeout=30).stdout)
+    assert parsed["links"][0]["name"] == "eth0" and parsed["classes"][0]["link_class"] == "data"
