@@ -6,6 +6,7 @@ and values of the wrong type are rejected with the key named.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -63,6 +64,8 @@ class ControllerSection:
 class HostObserverSection:
     STRICT_KEYS: ClassVar[bool] = True
     enabled: bool = True
+    #: Seconds between reads of CPU, memory and load (slower than the loop: they move slowly).
+    interval: Annotated[float, Num(0.01, 3600.0)] = 1.0
     #: Memory pressure holds while available memory is below this fraction.
     memory_available_min: Fraction = 0.05
     #: ... for at least this many seconds (one dip does not flap the condition).
@@ -137,12 +140,74 @@ class RdmaSection:
     link_classes: dict[Name, Ident] = field(default_factory=dict)
 
 
+EnvName = Annotated[str, Str(max_len=64, min_len=1, pattern=r"[A-Za-z_][A-Za-z0-9_]*")]
+
+
+@dataclass(frozen=True)
+class GpuObserverSection:
+    STRICT_KEYS: ClassVar[bool] = True
+    enabled: bool = True
+    #: A specific libnvidia-ml.so.1 (tests and the demo use a fake); empty: the driver's.
+    nvml_library: Annotated[str, Str(max_len=4096, pattern=r"/.*")] = ""
+    #: Seconds after which a GPU stuck in an NVML call counts as unresponsive.
+    call_timeout: Annotated[float, Num(0.05, 600.0)] = 2.0
+    #: Seconds between reads of the error counters (ECC, remapping, PCIe, NVLink). An
+    #: XID, ECC or page retirement event triggers a read at once, whatever this says.
+    counter_interval: Annotated[float, Num(0.01, 3600.0)] = 1.0
+    #: Seconds between reads of temperature, power, clocks, PCIe link and processes.
+    slow_interval: Annotated[float, Num(0.05, 3600.0)] = 1.0
+    #: Seconds the event thread waits in nvmlEventSetWait_v2 per call (events end the
+    #: wait at once; this only bounds how long stopping takes).
+    event_wait: Annotated[float, Num(0.01, 60.0)] = 1.0
+    procfs_root: AbsPath = "/proc"
+    #: Environment variable the provider's scheduler sets to a process's job id.
+    job_env: EnvName = "HARMONAIZE_JOB"
+    #: Else a regular expression with a group named "job" over the process's cgroup path.
+    job_cgroup_pattern: Annotated[str, Str(max_len=512)] = ""
+    #: Launcher variables that name a process's rank, in the tenant's terms.
+    rank_env: Annotated[tuple[EnvName, ...], Len(16)] = (
+        "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+    #: Volatile single-bit ECC errors within a minute that make a GPU suspect.
+    sbe_per_minute: Annotated[float, Num(1.0, 1e9)] = 60.0
+    #: PCIe replays within a minute that make a GPU suspect, at PCIe gen 3; the
+    #: allowance doubles with each generation above (faster links replay more).
+    pcie_replays_per_minute: Annotated[float, Num(1.0, 1e9)] = 8.0
+    #: NVLink CRC errors (flit and data) per second, over 10 s, that make a GPU suspect.
+    nvlink_crc_per_second: Annotated[float, Num(1.0, 1e9)] = 100.0
+    #: NVLink replays within a minute that make a GPU suspect (any recovery does).
+    nvlink_replays_per_minute: Annotated[float, Num(1.0, 1e9)] = 60.0
+    #: Retired pages at which a GPU is quarantined for RMA.
+    retired_pages_limit: Annotated[int, Num(1, 1_000_000)] = 60
+    #: Seconds of thermal or power slowdown before a GPU is suspect.
+    slowdown_sustain: Annotated[float, Num(0.0, 3600.0)] = 10.0
+    #: The PCIe generation counts as degraded only above this utilization (%):
+    #: idle GPUs lower their link generation to save power.
+    busy_utilization: Annotated[int, Num(0, 100)] = 10
+    #: Seconds an XID keeps its condition after it was last seen.
+    xid_hold: Annotated[float, Num(0.0, 86400.0)] = 300.0
+    #: Seconds without suspect signals before a suspect GPU is healthy again.
+    suspect_clear: Annotated[float, Num(0.0, 86400.0)] = 600.0
+    #: At most one checkpoint advisory per job in this many seconds, unless it gets worse.
+    advisory_interval: Annotated[float, Num(0.0, 86400.0)] = 60.0
+
+    def __post_init__(self) -> None:
+        if self.job_cgroup_pattern:
+            try:
+                pattern = re.compile(self.job_cgroup_pattern)
+            except re.error as exc:
+                raise ValueError(f"job_cgroup_pattern is not a regular expression: {exc}") \
+                    from None
+            if "job" not in pattern.groupindex:
+                raise ValueError("job_cgroup_pattern needs a group named job: (?P<job>...)")
+
+
 @dataclass(frozen=True)
 class ObserversSection:
     STRICT_KEYS: ClassVar[bool] = True
     host: HostObserverSection = field(default_factory=HostObserverSection)
     links: LinksSection = field(default_factory=LinksSection)
     rdma: RdmaSection = field(default_factory=RdmaSection)
+    gpu: GpuObserverSection = field(default_factory=GpuObserverSection)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -21,9 +22,11 @@ import zmq.asyncio
 
 from agent import config as agent_config
 from agent.config import AgentConfig
-from agent.health import HostHealthEngine, Republisher
+from agent.gpuhealth import GpuView
+from agent.gpuviews import gpu_row, health_row
+from agent.health import HealthStep, HostHealthEngine, Republisher
 from agent.observers import ObserverSet
-from agent.observers.links import links_table
+from agent.observers.links import LinksObserver, links_table
 from agent.observers.rdma import RdmaSample
 from agent.uplink import Uplink
 from harmonaize import __version__
@@ -32,8 +35,12 @@ from harmonaize.messages import Hello, HostEvent, HostSummary, Severity
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
 from harmonaize.schema import to_plain
 from harmonaize.sdnotify import Notifier
+from harmonaize.threads import set_os_thread_name
 
 log = logging.getLogger("harmonaize.agent")
+
+#: After an observer wakes the loop, wait this long so a burst of events is one step.
+MIN_STEP_GAP = 0.002
 
 
 class AgentDaemon:
@@ -44,15 +51,22 @@ class AgentDaemon:
         self.epoch = int(time.time() * 1e6)
         self.started_at = time.monotonic()
         self.notifier = Notifier()
-        self.observers = ObserverSet.from_config(cfg)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_pending = False
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.observers = ObserverSet.from_config(cfg, wake=self._wake)
         self.health = HostHealthEngine(cfg.observers)
         self.republisher = Republisher(cfg.controller.summary_refresh)
         self.summary: HostSummary | None = None
+        self.last_step: HealthStep | None = None
         self.observations: dict[str, Any] = {}
+        self.advisories_sent = 0
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
         self.overruns = 0
+        self.woken_steps = 0
         self.last_pass_seconds = 0.0
         self.events_logged = 0
         self._stop = asyncio.Event()
@@ -67,13 +81,15 @@ class AgentDaemon:
 
     @property
     def gpu_class(self) -> str:
-        return "none" if self.cfg.agent.gpu_class == "auto" else self.cfg.agent.gpu_class
+        if self.cfg.agent.gpu_class != "auto":
+            return self.cfg.agent.gpu_class
+        return getattr(self.observers.get("gpu"), "gpu_class", "none")
 
     def _hello(self, acked: int) -> Hello:
         return Hello(
             pool=self.cfg.agent.pool,
             gpu_class=self.gpu_class,
-            gpus=self.summary.gpus_total if self.summary else 0,
+            gpus=self.summary.gpus.total if self.summary else 0,
             version=__version__,
             epoch=self.epoch,
             acked=acked,
@@ -83,7 +99,8 @@ class AgentDaemon:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        set_os_thread_name("hz-agent")
+        loop = self._loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # result is logged
@@ -91,6 +108,7 @@ class AgentDaemon:
         Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
         self.observers.start_all()
         await self.opsocket.start()
+        self._step(time.time())  # the first summary (and GPU count) before the hello
         if self.cfg.controller.endpoint:
             self._ctx = zmq.asyncio.Context()
             self.uplink = Uplink(
@@ -98,8 +116,12 @@ class AgentDaemon:
                 on_resync=self.republisher.force,
             )
             self.uplink.connect()
-        self._step(time.time())  # first summary before we call ourselves ready
+            self.republisher.force()
+            self._step(time.time())
         self.ready = True
+        # Everything allocated so far lives as long as the daemon: keep the cyclic
+        # collector from rescanning it on every collection.
+        gc.freeze()
         self.notifier.ready(self._status_line())
         log.info("agent %s ready: %s", self.host_id, self._status_line())
         tasks = [asyncio.create_task(self._sampling_loop(), name="sampling")]
@@ -121,6 +143,8 @@ class AgentDaemon:
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         self.notifier.stopping()
         log.info("agent %s stopping", self.host_id)
+        if self._timer is not None:
+            self._timer.cancel()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -160,7 +184,7 @@ class AgentDaemon:
             log.warning("changes to %s take effect at the next restart", ", ".join(restart_needed))
         if new.observers != self.cfg.observers:
             self.observers.stop_all()
-            self.observers = ObserverSet.from_config(new)
+            self.observers = ObserverSet.from_config(new, wake=self._wake)
             self.observers.start_all()
             self.health = HostHealthEngine(new.observers)
         self.republisher.refresh = new.controller.summary_refresh
@@ -172,21 +196,56 @@ class AgentDaemon:
 
     # --- the sampling loop ---------------------------------------------------------------
 
+    def _wake(self) -> None:
+        """An observer saw something (on any thread): step now, not at the next tick."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_wake)
+
     async def _sampling_loop(self) -> None:
+        """Steps on a timer, plus extra steps when an observer wakes us.
+
+        Callbacks on the event loop, not a coroutine per tick: at 10 Hz the
+        bookkeeping of a task and a timeout per tick is a visible share of the
+        agent's CPU budget.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time()
-        while True:
-            began = time.perf_counter()
+        self._deadline = loop.time()
+        self._tick()
+        await asyncio.Event().wait()  # runs until cancelled at shutdown; callbacks do the work
+
+    def _tick(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        self._deadline += self.cfg.agent.interval
+        if self._deadline < now:  # fell behind: skip the missed ticks rather than burst
+            self.overruns += 1
+            self._deadline = now + self.cfg.agent.interval
+        self._run_step()
+        self._timer = loop.call_at(self._deadline, self._tick)
+
+    def _on_wake(self) -> None:
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        assert self._loop is not None
+        # A short delay lets a burst of events become one step.
+        self._loop.call_later(MIN_STEP_GAP, self._woken_step)
+
+    def _woken_step(self) -> None:
+        self._wake_pending = False
+        self.woken_steps += 1
+        self._run_step()
+
+    def _run_step(self) -> None:
+        began = time.perf_counter()
+        try:
             self._step(time.time())
-            self.last_pass_seconds = time.perf_counter() - began
-            self._feed_watchdog()
-            deadline += self.cfg.agent.interval
-            delay = deadline - loop.time()
-            if delay < 0:  # fell behind: skip the missed ticks rather than bursting
-                self.overruns += 1
-                deadline = loop.time()
-                delay = 0
-            await asyncio.sleep(delay)
+        except Exception:
+            log.exception("sampling pass failed")
+        self.last_pass_seconds = time.perf_counter() - began
+        self._feed_watchdog()
 
     def _step(self, now: float) -> None:
         observations = self.observers.sample_all(now)
@@ -195,8 +254,15 @@ class AgentDaemon:
         result = self.health.step(observations, now, failing=failing, drained=self.drained)
         self.passes += 1
         self.summary = result.summary
+        self.last_step = result
         for event in result.events:
             self._emit(event)
+        for advisory in result.advisories:
+            log.warning("advisory to job %s: %s (%s, %s)", advisory.job, advisory.advice.value,
+                        advisory.reason, advisory.urgency.value)
+            self.advisories_sent += 1
+            if self.uplink is not None:
+                self.uplink.publish(advisory)
         if self.republisher.due(result.summary, now) and self.uplink is not None:
             self.uplink.publish(result.summary)
 
@@ -228,6 +294,8 @@ class AgentDaemon:
         return {
             "status": Command(self._cmd_status, "agent, observers, health and uplink"),
             "links": Command(self._cmd_links, "link rates, traffic classes and levels"),
+            "gpus": Command(self._cmd_gpus, "GPU telemetry, counters, state and jobs"),
+            "health": Command(self._cmd_health, "why each GPU and the host are in their state"),
             "drain": Command(self._cmd_drain, "withdraw this host from capacity", changes=True),
             "undrain": Command(self._cmd_undrain, "return this host to capacity", changes=True),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
@@ -248,6 +316,7 @@ class AgentDaemon:
             "interval_seconds": self.cfg.agent.interval,
             "loop": {
                 "passes": self.passes,
+                "woken": self.woken_steps,
                 "overruns": self.overruns,
                 "last_pass_seconds": round(self.last_pass_seconds, 6),
             },
@@ -279,8 +348,34 @@ class AgentDaemon:
             "rdma": [with_levels({**to_plain(port), "name": port.name})
                      for port in (rdma.ports if isinstance(rdma, RdmaSample) else ())],
             "retransmits_per_s": getattr(sample, "retransmits_per_s", None),
-            "drops_by_reason": getattr(sample, "drops_by_reason", {}),
+            "drops_by_reason": links.drops_by_reason() if isinstance(links, LinksObserver)
+            and record is not None and record.state.value == "running" else {},
             "classes": [to_plain(h) for h in self.summary.links] if self.summary else [],
+        }
+
+    def _gpu_views(self) -> tuple[GpuView, ...]:
+        return self.last_step.gpus.gpus if self.last_step else ()
+
+    def _cmd_gpus(self, args: dict[str, Any]) -> dict[str, Any]:
+        record = self.observers.records.get("gpu")
+        return {
+            "state": record.state.value if record else "disabled",
+            "detail": (record.extra.get("detail") or record.detail) if record else "",
+            "gpu_class": self.gpu_class,
+            "gpus": [gpu_row(view) for view in self._gpu_views()],
+        }
+
+    def _cmd_health(self, args: dict[str, Any]) -> dict[str, Any]:
+        summary = self.summary
+        step = self.last_step
+        return {
+            "health": summary.health.value if summary else None,
+            "schedulable": summary.schedulable if summary else None,
+            "action": step.gpus.action.value if step else "none",
+            "conditions": [to_plain(c) for c in summary.conditions] if summary else [],
+            "gpu_counts": to_plain(summary.gpus) if summary else {},
+            "gpus": [health_row(view) for view in self._gpu_views()],
+            "advisories_sent": self.advisories_sent,
         }
 
     def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:

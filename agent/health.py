@@ -13,11 +13,16 @@ from typing import Any
 
 from agent.conditions import ConditionTracker, Finding, health_of
 from agent.config import ObserversSection
+from agent.gpuhealth import GpuHealthEngine, GpuStep
 from agent.linkhealth import LinkHealthEngine, LinkLevels, views
+from agent.observers.gpu import GpuSample
 from agent.observers.host import HostSample
 from agent.observers.links import LinkSample
 from agent.observers.rdma import RdmaSample
-from harmonaize.messages import HostEvent, HostSummary, Severity
+from harmonaize.messages import HostEvent, HostSummary, JobAdvisory, Severity
+
+#: With unchanged inputs, the whole step is still re-evaluated this often (seconds).
+FULL_STEP = 1.0
 
 __all__ = ["ConditionTracker", "Finding", "HealthStep", "HostHealthEngine", "Republisher",
            "health_of"]
@@ -27,16 +32,20 @@ __all__ = ["ConditionTracker", "Finding", "HealthStep", "HostHealthEngine", "Rep
 class HealthStep:
     summary: HostSummary
     events: list[HostEvent]
+    advisories: list[JobAdvisory]
+    gpus: GpuStep
 
 
 class HostHealthEngine:
-    """Host rules (memory pressure, failing observers, drain) and link rules."""
+    """Host rules (memory pressure, failing observers, drain), link and GPU rules."""
 
     def __init__(self, cfg: ObserversSection) -> None:
         self.cfg = cfg.host
         self.links = LinkHealthEngine(cfg.links)
+        self.gpus = GpuHealthEngine(cfg.gpu)
         self.tracker = ConditionTracker()
         self.link_levels: tuple[LinkLevels, ...] = ()
+        self._last: tuple[tuple[Any, ...], float, HealthStep] | None = None
 
     def findings(
         self,
@@ -83,8 +92,25 @@ class HostHealthEngine:
         *,
         failing: Mapping[str, str] | None = None,
         drained: str | None = None,
-        gpus_total: int = 0,
-        gpus_healthy: int = 0,
+    ) -> HealthStep:
+        # Observers hand on the same objects when nothing moved; then so do we,
+        # but re-evaluate at least once a second for rules that run on time.
+        inputs = (*(observations.get(k) for k in ("host", "links", "rdma", "gpu")),
+                  tuple(sorted((failing or {}).items())), drained)
+        if self._last is not None and now - self._last[1] < FULL_STEP and all(
+                a is b or a == b for a, b in zip(inputs, self._last[0], strict=True)):
+            previous = self._last[2]
+            return HealthStep(previous.summary, [], [], previous.gpus)
+        step = self._step(observations, now, failing, drained)
+        self._last = (inputs, now, step)
+        return step
+
+    def _step(
+        self,
+        observations: Mapping[str, Any],
+        now: float,
+        failing: Mapping[str, str] | None,
+        drained: str | None,
     ) -> HealthStep:
         findings = self.findings(observations, failing or {}, drained)
         links = observations.get("links")
@@ -95,17 +121,19 @@ class HostHealthEngine:
             now,
         )
         self.link_levels = link_step.links
-        events = self.tracker.update(findings + link_step.findings, now)
+        gpu = observations.get("gpu")
+        gpu_step = self.gpus.step(gpu if isinstance(gpu, GpuSample) else None, now)
+        events = gpu_step.events + self.tracker.update(
+            findings + link_step.findings + gpu_step.findings, now)
         conditions = self.tracker.conditions()
         summary = HostSummary(
             health=health_of(conditions),
             schedulable=drained is None,
-            gpus_total=gpus_total,
-            gpus_healthy=gpus_healthy,
+            gpus=gpu_step.counts,
             conditions=conditions,
             links=link_step.health,
         )
-        return HealthStep(summary, events)
+        return HealthStep(summary, events, gpu_step.advisories, gpu_step)
 
 
 class Republisher:

@@ -43,7 +43,7 @@ def views(links: LinkSample | None, rdma: RdmaSample | None) -> list[LinkView]:
         packets = link.rx_pps + link.tx_pps
         out.append(LinkView(
             link.name, link.link_class, link.up, link.utilization, link.ce_fraction,
-            link.retransmits_per_s / link.tx_pps if link.tx_pps else 0.0,
+            link.retransmit_fraction,
             (link.drops_per_s + link.errors_per_s) / packets if packets else
             (1.0 if link.drops_per_s + link.errors_per_s else 0.0),
             packets,

@@ -33,7 +33,8 @@ class HostView:
     alive: bool
     schedulable: bool
     health: Health
-    gpus_healthy: int
+    #: GPUs in service and idle on this host.
+    gpus_available: int
 
     @property
     def available(self) -> bool:
@@ -55,7 +56,7 @@ class CapacityAggregator:
         for host in hosts:
             up, down, gpus = totals.setdefault((host.pool, host.gpu_class), [0, 0, 0])
             if host.available:
-                totals[(host.pool, host.gpu_class)] = [up + 1, down, gpus + host.gpus_healthy]
+                totals[(host.pool, host.gpu_class)] = [up + 1, down, gpus + host.gpus_available]
             else:
                 totals[(host.pool, host.gpu_class)] = [up, down + 1, gpus]
         changed: list[PoolCapacity] = []

@@ -27,6 +27,7 @@ from harmonaize.messages import (
     Hello,
     HostEvent,
     HostSummary,
+    JobAdvisory,
     Message,
     Resync,
 )
@@ -60,7 +61,7 @@ class HostRecord:
             alive=self.alive,
             schedulable=summary.schedulable if summary else True,
             health=summary.health if summary else Health.HEALTHY,
-            gpus_healthy=summary.gpus_healthy if summary else 0,
+            gpus_available=summary.gpus.available if summary else 0,
         )
 
 
@@ -88,6 +89,8 @@ class Cluster:
     counters: Counter[str] = field(default_factory=Counter)
     dirty: set[str] = field(default_factory=set)
     new_events: list[StoredEvent] = field(default_factory=list)
+    #: Job-scoped advice accepted from agents, for the shell to route to the job's tenant.
+    advisories: list[JobAdvisory] = field(default_factory=list)
     #: Set whenever something tenants may see could have changed.
     changed: bool = True
 
@@ -136,6 +139,8 @@ class Cluster:
                 self.changed = True
         elif isinstance(body, HostEvent):
             self.new_events.append(StoredEvent(host_id, host.epoch, env.seq, env.time, body))
+        elif isinstance(body, JobAdvisory):
+            self.advisories.append(body)
         self.counters["accepted"] += 1
         return [Reply(conn, Ack(env.seq))]
 

@@ -196,7 +196,16 @@ class ControllerServer:
             self.xpub.send_multipart([topic.encode(), frame], flags=zmq.NOBLOCK)
         self.feed_stats["published"] += 1
 
+    def _publish_advisories(self) -> None:
+        """Job-scoped advice goes to the job's own topic; it names no host."""
+        advisories, self.cluster.advisories = self.cluster.advisories, []
+        for advisory in advisories:
+            self._publish(advisory, f"job/{advisory.job}/")
+        if advisories:
+            self._commit()
+
     def _publish_changes(self) -> None:
+        self._publish_advisories()
         if not self.cluster.changed:
             return
         self.cluster.changed = False

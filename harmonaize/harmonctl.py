@@ -122,6 +122,66 @@ def _render_links(result: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.0f}"
+
+
+def _render_gpus(result: dict[str, Any]) -> str:
+    rows = []
+    for gpu in result.get("gpus", []):
+        counters = gpu.get("counters", {})
+        rows.append({
+            **gpu,
+            "temp": gpu["temperature_c"],
+            "power": "-" if gpu["power_w"] is None else f"{gpu['power_w']:.0f}W",
+            "mem": f"{_gib(gpu['mem_used'])}/{_gib(gpu['mem_total'])}G",
+            "ecc": f"{counters.get('ecc_sbe_volatile')}/{counters.get('ecc_dbe_volatile')}",
+            "remap": "pending" if counters.get("remap_pending") else (
+                "failed" if counters.get("remap_failure") else
+                f"{counters.get('remap_correctable')}/{counters.get('remap_uncorrectable')}"),
+            "pcie": f"g{gpu['pcie_gen']}/{gpu['pcie_max_gen']} x{gpu['pcie_width']}/"
+                    f"{gpu['pcie_max_width']} r{counters.get('pcie_replay', '-')}",
+            "nvlink": f"{gpu['nvlinks_up']}/{gpu['nvlinks']}" if gpu["nvlinks"] else "-",
+            "job": ",".join(f"{j['job']}" + (f":{j['rank']}" if j.get("rank") else "")
+                            for j in gpu.get("jobs", [])) or "-",
+        })
+    parts = [f"gpus: {result.get('state')}: {result.get('detail')}"]
+    if rows:
+        parts += ["", table(rows, [
+            ("index", "GPU"), ("name", "NAME"), ("state", "STATE"), ("temp", "TEMP"),
+            ("power", "POWER"), ("util_gpu", "UTIL"), ("mem", "MEM"), ("ecc", "ECC S/D"),
+            ("remap", "REMAP C/U"), ("pcie", "PCIE"), ("nvlink", "NVLINK"), ("xids", "XIDS"),
+            ("job", "JOB"), ("action", "ACTION"),
+        ])]
+    return "\n".join(parts)
+
+
+def _render_health(result: dict[str, Any]) -> str:
+    counts = result.get("gpu_counts", {})
+    parts = [fields([
+        ("health", result.get("health")),
+        ("schedulable", result.get("schedulable")),
+        ("recommended", result.get("action")),
+        ("gpus", ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "none"),
+        ("advisories", result.get("advisories_sent")),
+    ])]
+    holding = [c for c in result.get("conditions", []) if c.get("status") == "True"]
+    if holding:
+        parts += ["", table(holding, [("type", "HOST CONDITION"), ("severity", "SEVERITY"),
+                                      ("message", "WHY")])]
+    unhealthy = [g for g in result.get("gpus", []) if g["state"] != "healthy" or g["conditions"]]
+    for gpu in unhealthy:
+        parts += ["", f"gpu {gpu['index']}: {gpu['state']} since {gpu['since']:.0f}: "
+                      f"{gpu['why']} -> {gpu['action']}"]
+        if gpu["conditions"]:
+            parts.append(table(gpu["conditions"], [
+                ("type", "  CONDITION"), ("severity", "SEVERITY"), ("action", "ACTION"),
+                ("message", "WHY")]))
+    if not unhealthy:
+        parts += ["", "every GPU is healthy"]
+    return "\n".join(parts)
+
+
 def _render_controller_status(result: dict[str, Any]) -> str:
     hosts = result.get("hosts", {})
     return fields([
@@ -181,6 +241,8 @@ Renderer = Callable[[Any], str]
 AGENT_RENDERERS: dict[str, Renderer] = {
     "status": _render_agent_status,
     "links": _render_links,
+    "gpus": _render_gpus,
+    "health": _render_health,
 }
 CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "status": _render_controller_status,
@@ -209,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("status", parents=[common], help="agent (or controller) status")
     sub.add_parser("links", parents=[common], help="link rates, traffic classes, congestion")
+    sub.add_parser("gpus", parents=[common], help="GPU telemetry, counters, state and jobs")
+    sub.add_parser("health", parents=[common],
+                   help="why the host and each GPU are in their state, and what to do")
     drain = sub.add_parser("drain", parents=[common], help="withdraw this host from capacity")
     drain.add_argument("--reason", default="drained by operator")
     sub.add_parser("undrain", parents=[common], help="return this host to capacity")

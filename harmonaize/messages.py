@@ -202,6 +202,28 @@ class Heartbeat(Message):
     last_seq: Count
 
 
+@dataclass(frozen=True)
+class GpuCounts:
+    """How many of a host's GPUs are in each health state, and how many are busy."""
+
+    healthy: Count = 0
+    suspect: Count = 0
+    validating: Count = 0
+    quarantined: Count = 0
+    lost: Count = 0
+    #: GPUs running a tenant's processes (any state).
+    in_use: Count = 0
+
+    @property
+    def total(self) -> int:
+        return self.healthy + self.suspect + self.validating + self.quarantined + self.lost
+
+    @property
+    def available(self) -> int:
+        """GPUs that could take new work: in service (healthy or suspect) and idle."""
+        return max(0, self.healthy + self.suspect - self.in_use)
+
+
 @message("host-summary", Category.CONDITION)
 @dataclass(frozen=True)
 class HostSummary(Message):
@@ -209,10 +231,32 @@ class HostSummary(Message):
 
     health: Health
     schedulable: bool
-    gpus_total: Count
-    gpus_healthy: Count
+    gpus: GpuCounts = GpuCounts()
     conditions: Conditions = ()
     links: Annotated[tuple[LinkHealth, ...], Len(16)] = ()
+
+
+class Advice(StrEnum):
+    CHECKPOINT_NOW = "checkpoint-now"
+
+
+class Urgency(StrEnum):
+    ELEVATED = "elevated"
+    HIGH = "high"
+
+
+@message("job-advisory", Category.EVENT)
+@dataclass(frozen=True)
+class JobAdvisory(Message):
+    """Advice for one job, in the job's own terms: no host, GPU or raw value."""
+
+    job: Ident
+    advice: Advice
+    #: A coarse class: gpu-memory, gpu-failure, interconnect, thermal.
+    reason: Ident
+    urgency: Urgency
+    #: The job's ranks on the affected hardware, as its launcher named them.
+    ranks: Annotated[tuple[Ident, ...], Len(64)] = ()
 
 
 @message("host-event", Category.EVENT)
@@ -229,7 +273,8 @@ class Goodbye(Message):
     reason: Text = ""
 
 
-AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "goodbye"})
+AGENT_KINDS = frozenset(
+    {"hello", "heartbeat", "host-summary", "host-event", "job-advisory", "goodbye"})
 
 # --- controller -> agent -------------------------------------------------------------
 
@@ -270,7 +315,7 @@ class PoolCapacity(Message):
     revision: Count
 
 
-FEED_KINDS = frozenset({"pool-capacity"})
+FEED_KINDS = frozenset({"pool-capacity", "job-advisory"})
 
 # --- envelope and codec --------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
+from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
 from harmonaize.testbed.netns import Lab
 from tests.conftest import Spawn, free_port, python
 
@@ -55,6 +57,7 @@ NO_LINKS = "[observers.links]\nenabled = false\n"
 
 def agent_config(workdir: Path, name: str, extra: str = "", endpoint: str = "",
                  group: str = "", links: str = NO_LINKS) -> Path:
+    """``extra`` goes in the [controller] section; ``links`` is appended (any sections)."""
     path = workdir / f"{name}.toml"
     path.write_text(
         f'[agent]\nhost_id = "{name}"\nstate_dir = "{workdir / name}"\n'
@@ -112,3 +115,15 @@ def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
                      stderr=subprocess.STDOUT)
     wait_until(serving(admin, proc, log), what="controller")
     return Controller(proc, listen, feed, admin, config, log)
+
+
+def fake_gpus(workdir: Path, gpus: int = 8) -> tuple[FakeNvml, dict[str, str]]:
+    """A fake NVML state file, and the environment an agent needs to use it."""
+    fake = FakeNvml(workdir / "gpus.state", gpus=gpus)
+    fake.save()
+    return fake, {**os.environ, STATE_ENV: str(fake.path)}
+
+
+def gpu_section(call_timeout: float = 0.5, extra: str = "") -> str:
+    return (f'[observers.gpu]\nnvml_library = "{library_path()}"\n'
+            f"call_timeout = {call_timeout}\nslow_interval = 0.2\n" + extra)

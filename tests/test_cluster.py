@@ -22,7 +22,7 @@ def hello(epoch: int = 1, acked: int = 0, pool: str = "p") -> m.Hello:
                    heartbeat=1.0)
 
 
-SUMMARY = m.HostSummary(m.Health.HEALTHY, True, 8, 8)
+SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
 
 
 def test_unbound_connections_are_asked_to_resync() -> None:
@@ -98,7 +98,7 @@ def test_buckets() -> None:
 
 def view(available: bool = True, gpus: int = 8, pool: str = "p") -> HostView:
     return HostView(pool, "H200", alive=available, schedulable=True,
-                    health=m.Health.HEALTHY, gpus_healthy=gpus)
+                    health=m.Health.HEALTHY, gpus_available=gpus)
 
 
 def test_capacity_changes_only_when_a_bucket_moves() -> None:

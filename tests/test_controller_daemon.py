@@ -19,7 +19,7 @@ from tests.daemons import start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.foundation, needs_root]
 
-SUMMARY = m.HostSummary(m.Health.HEALTHY, True, 8, 8)
+SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
 
 
 class FakeAgent:

@@ -26,7 +26,8 @@ def test_capacity_follows_hosts_across_namespaces(cluster: TestCluster) -> None:
     cluster.start_agent("h1")
     cluster.start_agent("h2")
     up = tenant.wait_for(capacity_is(2, 0), 20, "two hosts up")
-    assert up["topic"] == "pool/default/none" and up["category"] == "condition"
+    assert up["topic"] == "pool/default/H200" and up["category"] == "condition"
+    assert up["body"]["gpus_available"] == {"lo": 16, "hi": 31}
 
     status = cluster.harmonctl("h1", "status")
     assert "host:        h1" in status and "sent / acked:" in status

@@ -111,7 +111,8 @@ def test_harmonctl_tables_json_and_errors(spawn, workdir: Path) -> None:
     assert table.returncode == 0
     assert "health:      healthy" in table.stdout and "OBSERVER" in table.stdout
     parsed = json.loads(ctl("status", "--json").stdout)
-    assert parsed["host_id"] == "h1" and parsed["observers"][0]["name"] == "host"
+    assert parsed["host_id"] == "h1"
+    assert "host" in {o["name"] for o in parsed["observers"]}
     assert json.loads(ctl("--json", "drain", "--reason", "rma").stdout)["reason"] == "rma"
     assert json.loads(ctl("--json", "help").stdout)["drain"]["root_only"] is True
     missing = subprocess.run(

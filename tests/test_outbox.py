@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.outbox import Outbox
-from harmonaize.messages import Health, HostEvent, HostSummary, Severity
+from harmonaize.messages import GpuCounts, Health, HostEvent, HostSummary, Severity
 
 pytestmark = pytest.mark.foundation
 
@@ -15,7 +15,7 @@ def event(n: int) -> HostEvent:
 
 
 def summary(healthy: int) -> HostSummary:
-    return HostSummary(Health.HEALTHY, True, 8, healthy)
+    return HostSummary(Health.HEALTHY, True, GpuCounts(healthy=healthy))
 
 
 def drain(box: Outbox, now: float) -> list[int]:

@@ -21,8 +21,9 @@ SAMPLES: list[m.Message] = [
     m.Hello(pool="p1", gpu_class="H200", gpus=8, version="0.1.0", epoch=12, acked=3,
             heartbeat=1.0),
     m.Heartbeat(uptime=12.5, last_seq=4),
-    m.HostSummary(m.Health.DEGRADED, True, 8, 7, (CONDITION,),
+    m.HostSummary(m.Health.DEGRADED, True, m.GpuCounts(6, 1, 0, 1, 0, 4), (CONDITION,),
                   (m.LinkHealth("data", 4, 1, m.Level.HIGH, m.Level.LOW),)),
+    m.JobAdvisory("job-7", m.Advice.CHECKPOINT_NOW, "gpu-memory", m.Urgency.HIGH, ("3", "4")),
     m.HostEvent("XidObserved", m.Severity.CRITICAL, "xid 79"),
     m.Goodbye("stopping"),
     m.Ack(41),
@@ -85,14 +86,14 @@ GOOD_BODY = {"reason": "x"}
         (frame("hz", 1, "goodbye", "h", 0, 1.0, {"reason": "x", "extra": [[[[[[[[[1]]]]]]]]]}),
          "nested deeper"),
         (frame("hz", 1, "host-summary", "h", 1, 1.0,
-               {"health": "melting", "schedulable": True, "gpus_total": 1, "gpus_healthy": 1}),
+               {"health": "melting", "schedulable": True}),
          "host-summary.health: 'melting' is not one of"),
         (frame("hz", 1, "host-summary", "h", 1, 1.0,
-               {"health": "healthy", "schedulable": True, "gpus_total": 1, "gpus_healthy": 1,
+               {"health": "healthy", "schedulable": True,
                 "conditions": [{"type": "A", "status": "True"}] * 65}),
          "list too long"),
         (frame("hz", 1, "host-summary", "h", 1, 1.0,
-               {"health": "healthy", "schedulable": True, "gpus_total": 1, "gpus_healthy": 1,
+               {"health": "healthy", "schedulable": True,
                 "conditions": [{"type": "A", "status": "maybe"}]}),
          "host-summary.conditions[0].status"),
         (frame("hz", 1, "pool-capacity", "c", 1, 1.0,
@@ -130,7 +131,7 @@ def test_unknown_fields_from_a_newer_peer_are_ignored() -> None:
 
 
 def test_encode_refuses_frames_over_the_limit() -> None:
-    huge = m.HostSummary(m.Health.HEALTHY, True, 0, 0, tuple(
+    huge = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(), tuple(
         m.Condition(f"C{i}", m.Status.TRUE, message="x" * 1000) for i in range(300)))
     with pytest.raises(WireError, match="exceeds"):
         encode(huge, sender="h")

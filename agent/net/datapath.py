@@ -1,24 +1,28 @@
-"""The eBPF datapath: compile ``bpf/*.c`` with bcc, attach, and read the counters.
+"""The eBPF datapath: load ``bpf/*.c``, attach to tc, read the counters.
 
-Kernel features are probed first (bcc importable, kernel headers present,
+Kernel features are probed first (bcc installed, kernel headers present,
 tracefs mounted, tracepoints and their fields); every failure becomes one
 clear sentence in :class:`BpfUnavailable`, and the link observer falls back
 to /proc counters. Tracepoint offsets come from tracefs and reach the C as
-cflags; interfaces and DSCP classes reach it through maps.
+cflags; interfaces and DSCP classes reach it through a map. bcc compiles in a
+child process (:mod:`agent.net.bpfload`); this process only holds the
+descriptors and reads the maps with bpf(2).
 """
 
 from __future__ import annotations
 
-import ctypes
+import importlib.util
 import logging
 import os
 import platform
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from agent.net import tracefs
+from agent.net import bpfload, tracefs
+from agent.net.bpfload import Loaded
+from agent.net.bpfsys import BpfMap
 from agent.net.sysfs import NetDevice
 from agent.net.tc import Tc
 
@@ -122,26 +126,23 @@ class LinkDatapath:
         self.events_detail = "tracepoints not loaded"
         self.attached: dict[int, str] = {}  # ifindex -> name
         self.stale_removed: dict[str, int] = {}
-        self._links: Any = None
-        self._events: Any = None
-        self._lib: Any = None
-        self._ncpus = 1
-        self._tc: Tc | None = None
-        self._created_clsact: set[int] = set()
-        self._have_retransmits = False
-        self._have_drops = False
-        self._batch = True
         #: Drop reason names of the running kernel (the enum differs between kernels).
         self.drop_reasons: dict[int, str] = {}
+        self._links: Loaded | None = None
+        self._events: Loaded | None = None
+        self._tc: Tc | None = None
+        self._created_clsact: set[int] = set()
+        self._slots: dict[int, int] = {}
+        self._tracepoints: set[str] = set()
+        self._last_raw: bytes | None = None
+        self._last_links: dict[int, Counters] = {}
 
     # --- set-up ---------------------------------------------------------------------
 
     def load(self) -> None:
-        try:
-            from bcc import BPF, lib  # noqa: PLC0415 - optional: absent means fallback
-            from bcc.utils import get_possible_cpus  # noqa: PLC0415
-        except ImportError:
-            raise BpfUnavailable("bcc is not installed (Debian package python3-bpfcc)") from None
+        """Compile and load in a child process; fail with one clear sentence."""
+        if importlib.util.find_spec("bcc") is None:
+            raise BpfUnavailable("bcc is not installed (Debian package python3-bpfcc)")
         if os.geteuid() != 0:
             raise BpfUnavailable("loading eBPF programs needs root (CAP_BPF, CAP_NET_ADMIN)")
         if not headers_present():
@@ -152,65 +153,63 @@ class LinkDatapath:
         source = self.bpf_dir / "link_counters.c"
         if not source.is_file():
             raise BpfUnavailable(f"BPF source {source} not found")
-        self._lib = lib
-        self._ncpus = len(get_possible_cpus())
         try:
-            self._links = BPF(src_file=str(source), cflags=[f"-DHZ_MAX_SLOTS={self.max_slots}"])
-            self._ingress = self._links.load_func("hz_tc_ingress", BPF.SCHED_CLS)
-            self._egress = self._links.load_func("hz_tc_egress", BPF.SCHED_CLS)
-        except Exception as exc:
-            raise BpfUnavailable(f"bcc could not compile or load {source.name}: {exc}") from None
+            self._links = bpfload.load([bpfload.Request(
+                str(source), [f"-DHZ_MAX_SLOTS={self.max_slots}"],
+                {"hz_tc_ingress": "sched_cls", "hz_tc_egress": "sched_cls"})])
+        except bpfload.LoadError as exc:
+            raise BpfUnavailable(str(exc)) from None
         if self.want_tracepoints:
-            self._load_events(BPF)
+            self._load_events()
         else:
             self.events_detail = "tracepoints off by configuration"
 
-    def _load_events(self, bpf_cls: Any) -> None:
+    def _load_events(self) -> None:
         root = tracefs.tracefs_root() or tracefs.mount_tracefs()
         if root is None:
             self.events_detail = "tracefs is not mounted: retransmits and drops from /proc"
             return
         cflags = [f"-DHZ_PREFIX_V4={self.prefix_v4}", f"-DHZ_PREFIX_V6={self.prefix_v6}"]
+        tracepoints: dict[str, str] = {}
+        missing = []
         retx = tracefs.read_format("tcp", "tcp_retransmit_skb", root)
         offsets = (retx.offset("family"), retx.offset("daddr"), retx.offset("daddr_v6")) \
             if retx else (None, None, None)
         if None not in offsets:
             cflags += [f"-DHZ_RETX_FAMILY_OFF={offsets[0]}", f"-DHZ_RETX_DADDR_OFF={offsets[1]}",
                        f"-DHZ_RETX_DADDR6_OFF={offsets[2]}"]
+            tracepoints["tcp:tcp_retransmit_skb"] = "hz_tcp_retransmit"
+        else:
+            missing.append("tcp:tcp_retransmit_skb")
         kfree = tracefs.read_format("skb", "kfree_skb", root)
         reason_offset = kfree.offset("reason") if kfree else None
         if reason_offset is not None and kfree is not None:
             cflags.append(f"-DHZ_KFREE_REASON_OFF={reason_offset}")
+            tracepoints["skb:kfree_skb"] = "hz_kfree_skb"
             self.drop_reasons = kfree.symbols("reason")
-        missing = []
-        try:
-            self._events = bpf_cls(src_file=str(self.bpf_dir / "net_events.c"), cflags=cflags)
-            if None not in offsets:
-                self._events.attach_tracepoint(tp="tcp:tcp_retransmit_skb",
-                                               fn_name="hz_tcp_retransmit")
-                self._have_retransmits = True
-            else:
-                missing.append("tcp:tcp_retransmit_skb")
-            if reason_offset is not None:
-                self._events.attach_tracepoint(tp="skb:kfree_skb", fn_name="hz_kfree_skb")
-                self._have_drops = True
-            else:
-                missing.append("skb:kfree_skb with a reason")
-        except Exception as exc:
-            self.events_detail = f"tracepoints unavailable ({exc}): retransmits from /proc"
-            self._have_retransmits = self._have_drops = False
+        else:
+            missing.append("skb:kfree_skb with a reason")
+        if not tracepoints:
+            self.events_detail = "no usable tracepoints: retransmits and drops from /proc"
             return
+        try:
+            self._events = bpfload.load([bpfload.Request(
+                str(self.bpf_dir / "net_events.c"), cflags, {}, tracepoints)])
+        except bpfload.LoadError as exc:
+            self.events_detail = f"tracepoints unavailable ({exc}): retransmits from /proc"
+            return
+        self._tracepoints = set(tracepoints)
         self.events_detail = "retransmits and drops from tracepoints" if not missing else (
             "no " + " or ".join(missing) + ": those from /proc"
         )
 
     @property
     def has_retransmits(self) -> bool:
-        return self._have_retransmits
+        return "tcp:tcp_retransmit_skb" in self._tracepoints
 
     @property
     def has_drops(self) -> bool:
-        return self._have_drops
+        return "skb:kfree_skb" in self._tracepoints
 
     def attach(self, devices: Sequence[NetDevice]) -> None:
         """Attach to ``devices`` (after removing any filters a killed agent left)."""
@@ -225,15 +224,15 @@ class LinkDatapath:
         self.stale_removed = self._tc.remove_stale()
         if self.stale_removed:
             log.warning("removed filters left by a previous agent: %s", self.stale_removed)
-        table = self._links["hz_if_table"]
-        classes = (ctypes.c_uint8 * 64)(*self.dscp_classes)
+        table = self._links.maps["hz_if_table"]
         for slot, device in enumerate(devices):
-            table[ctypes.c_int(device.ifindex % IF_TABLE)] = table.Leaf(
-                device.ifindex, slot, device.l2_len, classes)
+            table.update(struct.pack("<I", device.ifindex % IF_TABLE),
+                         struct.pack("<III64B", device.ifindex, slot, device.l2_len,
+                                     *self.dscp_classes))
             if self._tc.ensure_clsact(device.ifindex):
                 self._created_clsact.add(device.ifindex)
-            self._tc.attach(device.ifindex, self._ingress.fd, self._ingress.name, "ingress")
-            self._tc.attach(device.ifindex, self._egress.fd, self._egress.name, "egress")
+            for name, direction in (("hz_tc_ingress", "ingress"), ("hz_tc_egress", "egress")):
+                self._tc.attach(device.ifindex, self._links.programs[name], name, direction)
             self.attached[device.ifindex] = device.name
         self._slots = {d.ifindex: i for i, d in enumerate(devices)}
 
@@ -241,60 +240,66 @@ class LinkDatapath:
 
     def read_links(self) -> dict[int, Counters]:
         """Every watched interface's counters, in one batched map read where possible."""
+        assert self._links is not None
+        counters = self._links.maps["hz_link_counters"]
         stride = COUNTERS_SIZE // 8
         n = len(self._slots)
-        raw = self._read_slots(n)
+        raw = counters.lookup_batch(n) or self._read_one_by_one(counters, n)
         if raw is None:
             return {}
+        if raw == self._last_raw:
+            return self._last_links  # nothing counted since: skip summing per CPU
         words = memoryview(raw).cast("Q")
+        ncpus = counters.ncpus
         out = {}
         for ifindex, slot in self._slots.items():
-            base = slot * self._ncpus
-            if self._ncpus == 1:
+            base = slot * ncpus
+            if ncpus == 1:
                 values = words[base * stride:(base + 1) * stride].tolist()
             else:  # one row of counters per CPU: add them up column by column
-                rows = [words[(base + c) * stride:(base + c + 1) * stride]
-                        for c in range(self._ncpus)]
+                rows = [words[(base + c) * stride:(base + c + 1) * stride] for c in range(ncpus)]
                 values = [sum(column) for column in zip(*rows, strict=True)]
             out[ifindex] = Counters(values)
+        self._last_raw, self._last_links = raw, out
         return out
 
-    def _read_slots(self, n: int) -> bytes | None:
-        """Raw per-CPU values of slots 0..n-1: one BPF_MAP_LOOKUP_BATCH, else n lookups."""
-        fd = self._links["hz_link_counters"].map_fd
-        size = COUNTERS_SIZE * self._ncpus
-        values = ctypes.create_string_buffer(size * n)
-        if self._batch:
-            keys = (ctypes.c_uint32 * n)()
-            count, out_batch = ctypes.c_uint32(n), ctypes.c_uint32(0)
-            result = self._lib.bpf_lookup_batch(fd, None, ctypes.byref(out_batch), keys, values,
-                                                ctypes.byref(count))
-            if result == 0 or count.value == n:
-                return values.raw
-            self._batch = False  # kernel without batch operations on arrays
-            log.info("batched map reads unavailable (%d): reading slot by slot", result)
-        one = ctypes.create_string_buffer(size)
+    @staticmethod
+    def _read_one_by_one(counters: BpfMap, n: int) -> bytes | None:
+        """For kernels without batch operations on arrays (before 5.6)."""
+        parts = []
         for slot in range(n):
-            key = ctypes.c_uint32(slot)
-            if self._lib.bpf_lookup_elem(fd, ctypes.byref(key), one) != 0:
+            value = counters.lookup(struct.pack("<I", slot))
+            if value is None:
                 return None
-            ctypes.memmove(ctypes.addressof(values) + slot * size, one, size)
-        return values.raw
+            parts.append(value)
+        return b"".join(parts)
 
     def read_retransmits(self) -> dict[Prefix, int]:
-        if not self._have_retransmits:
+        if not self.has_retransmits:
             return {}
+        assert self._events is not None
+        table = self._events.maps["hz_retransmits"]
         out = {}
-        for key, values in self._events["hz_retransmits"].items():
-            size = 4 if key.family == 2 else 16
-            prefix = Prefix(key.family, bytes(key.addr[:size]), key.length)
-            out[prefix] = sum(values)
+        for key in table.keys(limit=table.max_entries):
+            value = table.lookup(key)
+            if value is None:
+                continue  # evicted between listing and reading
+            family, length, address = struct.unpack("<HH16s", key[:20])
+            size = 4 if family == 2 else 16
+            out[Prefix(family, address[:size], length)] = table.sum_percpu_u64(value)
         return out
 
     def read_drops(self) -> dict[int, int]:
-        if not self._have_drops:
+        if not self.has_drops:
             return {}
-        return {key.value: sum(values) for key, values in self._events["hz_drops"].items()}
+        assert self._events is not None
+        table = self._events.maps["hz_drops"]
+        out = {}
+        for key in table.keys(limit=table.max_entries):
+            value = table.lookup(key)
+            if value is not None:
+                out[struct.unpack("<I", key)[0]] = table.sum_percpu_u64(value)
+        return out
 
     # --- tear-down ------------------------------------------------------------------
 
@@ -310,7 +315,8 @@ class LinkDatapath:
             self._tc.close()
             self._tc = None
         self.attached.clear()
-        for bpf in (self._events, self._links):
-            if bpf is not None:
-                bpf.cleanup()
+        for loaded in (self._events, self._links):
+            if loaded is not None:
+                loaded.close()  # closing the descriptors detaches and frees
         self._events = self._links = None
+        self._tracepoints = set()

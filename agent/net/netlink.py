@@ -11,12 +11,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from harmonaize.threads import set_os_thread_name
+
 T = TypeVar("T")
 
 
 class Netlink:
     def __init__(self) -> None:
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netlink")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netlink",
+                                          initializer=set_os_thread_name,
+                                          initargs=("netlink",))
         self.ipr: Any = self.call(_open)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

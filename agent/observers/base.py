@@ -34,6 +34,9 @@ class Observer:
     """Base class; subclasses set ``name`` and implement ``sample``."""
 
     name: ClassVar[str] = ""
+    #: Seconds between samples; None samples every interval. In between, the
+    #: last observation is handed on again (host memory needs no 10 Hz).
+    interval: float | None = None
 
     def start(self) -> None:
         """Acquire resources. Raise FeatureAbsent if there is nothing to watch."""
@@ -48,6 +51,13 @@ class Observer:
     def describe(self) -> dict[str, Any]:
         """Extra lines for the operator's status view (mode, fallback reason...)."""
         return {}
+
+    def wake(self) -> None:
+        """Ask the agent to sample now rather than at the next interval.
+
+        Safe to call from any thread (an event arrived on an observer's own
+        thread); the framework supplies it.
+        """
 
 
 Factory = Callable[["AgentConfig"], Observer]
@@ -113,19 +123,25 @@ class Record:
 class ObserverSet:
     """Runs a set of observers and records how each one is doing."""
 
-    def __init__(self, observers: Iterable[Observer]) -> None:
+    def __init__(self, observers: Iterable[Observer],
+                 wake: Callable[[], None] | None = None) -> None:
         self._observers = {o.name: o for o in observers}
         self.records = {name: Record(name) for name in self._observers}
+        self._last: dict[str, tuple[float, Any]] = {}
+        if wake is not None:
+            for observer in self._observers.values():
+                observer.wake = wake  # type: ignore[method-assign]
 
     @classmethod
-    def from_config(cls, cfg: AgentConfig, only: Iterable[str] | None = None) -> ObserverSet:
+    def from_config(cls, cfg: AgentConfig, only: Iterable[str] | None = None,
+                    wake: Callable[[], None] | None = None) -> ObserverSet:
         chosen = set(only) if only is not None else None
         observers = [
             reg.factory(cfg)
             for reg in _REGISTRY.values()
             if (chosen is None and reg.enabled(cfg)) or (chosen is not None and reg.name in chosen)
         ]
-        return cls(observers)
+        return cls(observers, wake)
 
     def get(self, name: str) -> Observer | None:
         return self._observers.get(name)
@@ -153,9 +169,14 @@ class ObserverSet:
             record = self.records[name]
             if record.state is not State.RUNNING:
                 continue
+            last = self._last.get(name)
+            if last is not None and observer.interval and now - last[0] < observer.interval:
+                results[name] = last[1]
+                continue
             began = time.perf_counter()
             try:
                 results[name] = observer.sample(now)
+                self._last[name] = (now, results[name])
             except Exception as exc:
                 record.failures += 1
                 record.consecutive_failures += 1

@@ -10,6 +10,7 @@ and the observer's detail line says why.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import ipaddress
 import logging
@@ -43,8 +44,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CLASS = "data"
 ROUTE_TTL = 30.0
-#: Kernel drop reasons are re-read this often (seconds).
-DROP_PERIOD = 1.0
+#: In eBPF mode, /proc/net/dev (drops, errors) and /proc/net/snmp (retransmitted
+#: segments) are re-read this often (seconds).
+DEV_PERIOD = 1.0
 #: Operational state is read at most this often (seconds): it rarely changes, and
 #: reading it per interface every interval costs more than the counters do.
 STATE_PERIOD = 1.0
@@ -80,6 +82,8 @@ class LinkRates:
     classes: tuple[ClassRates, ...] = ()
     #: Cumulative counts: since attach in eBPF mode, the interface's own in proc mode.
     totals: tuple[int, int, int, int] = (0, 0, 0, 0)  # rx bytes, tx bytes, rx pkts, tx pkts
+    #: Retransmitted segments per packet sent, over the retransmissions' own span.
+    retransmit_fraction: float = 0.0
 
     @property
     def utilization(self) -> float | None:
@@ -95,8 +99,6 @@ class LinkSample:
     links: tuple[LinkRates, ...]
     #: Host-wide retransmitted segments per second (all interfaces).
     retransmits_per_s: float
-    #: Kernel drops per second by reason (eBPF tracepoints only).
-    drops_by_reason: dict[str, float]
 
 
 def select(devices: Iterable[NetDevice], cfg: LinksSection) -> list[NetDevice]:
@@ -176,8 +178,12 @@ class LinksObserver(Observer):
         self._speeds_at = 0.0
         self._states: dict[str, str] = {}
         self._states_at = 0.0
-        self._drops_at = float("-inf")
-        self._last_drops: dict[str, float] = {}
+        self._drops_seen: tuple[dict[int, int], float | None] = ({}, None)
+        self._dev_rates: dict[str, tuple[float, float]] = {}
+        self._last_retx: tuple[dict[int, float], float] = ({}, 0.0)
+        self._retx_base: dict[str, tuple[float, int]] = {}
+        self._last: LinkSample | None = None
+        self._retx_share: dict[str, float] = {}
         self._net_dev = sysfs.ProcFile(cfg.procfs_root, "net", "dev")
         self._snmp = sysfs.ProcFile(cfg.procfs_root, "net", "snmp")
         self._prev: dict[str, Any] | None = None
@@ -207,6 +213,7 @@ class LinksObserver(Observer):
                 )
         self._prev_at = self.clock()
         self._prev = self._read()
+        self.drops_by_reason()  # the baseline the first operator query measures from
 
     def _load_datapath(self) -> LinkDatapath:
         classes = {int(k): v for k, v in self.cfg.dscp_classes.items()}
@@ -259,14 +266,26 @@ class LinksObserver(Observer):
         self._speeds_at = now
 
     def _read(self) -> dict[str, Any]:
-        snapshot: dict[str, Any] = {"dev": sysfs.parse_proc_net_dev(self._net_dev.read())}
+        previous = self._prev or {}
+        now = self.clock()
+        # With eBPF the NIC's own counters only give drop and error rates: once a
+        # second is plenty. Without eBPF they are the traffic counters themselves.
+        if self.datapath is None or not previous or now - previous["dev_at"] >= DEV_PERIOD:
+            snapshot: dict[str, Any] = {
+                "dev": sysfs.parse_proc_net_dev(self._net_dev.read()), "dev_at": now}
+        else:
+            snapshot = {"dev": previous["dev"], "dev_at": previous["dev_at"]}
         # Segments, from this network namespace; the tracepoint (all namespaces,
-        # counting skbs) only says how they split across links.
-        retx_total = sysfs.snmp_value(self._snmp.read(), "Tcp", "RetransSegs") or 0
+        # counting skbs) only says how they split across links. With eBPF the
+        # congestion signals that must be fast (utilization, CE) come from the
+        # maps, so retransmissions are taken once a second, like the NIC counters.
+        if self.datapath is None or "dev_at" not in previous or snapshot["dev_at"] == now:
+            retx_total = sysfs.snmp_value(self._snmp.read(), "Tcp", "RetransSegs") or 0
+        else:
+            retx_total = previous["retx_total"]
         snapshot["retx_total"] = retx_total
         datapath = self.datapath
         if datapath is not None:
-            previous = self._prev or {}
             snapshot["bpf"] = datapath.read_links()
             # Walking the kernel's hash maps is the costly part of a pass: the
             # retransmit map only matters when segments were retransmitted, and
@@ -275,13 +294,6 @@ class LinksObserver(Observer):
                 snapshot["retx"] = datapath.read_retransmits()
             else:
                 snapshot["retx"] = previous.get("retx") if datapath.has_retransmits else None
-            now = self.clock()
-            if datapath.has_drops and (now - self._drops_at >= DROP_PERIOD or not previous):
-                snapshot["drops"] = datapath.read_drops()
-                snapshot["drops_at"] = self._drops_at = now
-            else:
-                snapshot["drops"] = previous.get("drops")
-                snapshot["drops_at"] = previous.get("drops_at", now)
         return snapshot
 
     def sample(self, now: float) -> LinkSample:
@@ -291,6 +303,10 @@ class LinksObserver(Observer):
         if mono - self._states_at >= STATE_PERIOD:
             self._refresh_states(mono)
         current = self._read()
+        if self._last is not None and self._quiet(current):
+            # No counter moved since the last pass: its all-zero sample stands.
+            self._prev, self._prev_at = current, mono
+            return self._last
         previous, self._prev = self._prev or current, current
         dt, self._prev_at = mono - self._prev_at, mono
         retx_by_if, retx_total = self._retransmits(current, previous, dt, now)
@@ -298,11 +314,49 @@ class LinksObserver(Observer):
             self._link(device, current, previous, dt, retx_by_if.get(device.ifindex, 0.0))
             for device in self.devices
         )
-        return LinkSample(self.mode, dt, links, retx_total, self._drops(current, previous, dt))
+        links = tuple(self._with_retransmit_share(link, current) for link in links)
+        sample = LinkSample(self.mode, dt, links, retx_total)
+        idle = all(not (link.rx_pps or link.tx_pps or link.retransmits_per_s
+                        or link.drops_per_s or link.errors_per_s) for link in links)
+        self._last = sample if idle else None
+        return sample
+
+    def _quiet(self, current: dict[str, Any]) -> bool:
+        """Nothing counted since the previous read (so every rate is zero again)."""
+        previous = self._prev or {}
+        return (current.get("bpf") == previous.get("bpf")
+                and current["dev"] == previous.get("dev")
+                and current.get("retx_total") == previous.get("retx_total"))
+
+    def _with_retransmit_share(self, link: LinkRates, current: dict[str, Any]) -> LinkRates:
+        """Retransmitted segments per sent packet, both counted over the same span.
+
+        Retransmissions are refreshed less often than traffic (once a second with
+        eBPF), and loss makes TCP bursty, so the share uses the packets sent over
+        the retransmissions' own span, not this interval's.
+        """
+        at = current["dev_at"]
+        base = self._retx_base.get(link.name)
+        sent = link.totals[3]
+        if base is None or base[0] != at:
+            if base is not None and at > base[0]:
+                packets = (sent - base[1]) / (at - base[0]) if sent >= base[1] else 0.0
+                self._retx_share[link.name] = (link.retransmits_per_s / packets if packets
+                                               else 0.0)
+            self._retx_base[link.name] = (at, sent)
+        return dataclasses.replace(link, retransmit_fraction=self._retx_share.get(link.name, 0.0))
 
     def _retransmits(self, current: dict[str, Any], previous: dict[str, Any], dt: float,
                      now: float) -> tuple[dict[int, float], float]:
         """Retransmitted segments per second: per interface where attributable, and in all."""
+        span = current["dev_at"] - previous["dev_at"] if self.datapath is not None else dt
+        if span <= 0:  # not re-read this interval: the last rates stand
+            return self._last_retx
+        self._last_retx = self._retransmit_rates(current, previous, span, now)
+        return self._last_retx
+
+    def _retransmit_rates(self, current: dict[str, Any], previous: dict[str, Any], dt: float,
+                          now: float) -> tuple[dict[int, float], float]:
         total = _rate(current.get("retx_total", 0), previous.get("retx_total", 0), dt)
         if current.get("retx") is None or total <= 0:
             return {}, total
@@ -321,23 +375,27 @@ class LinksObserver(Observer):
             return {}, total
         return {oif: total * n / all_events for oif, n in events.items()}, total
 
-    def _drops(self, current: dict[str, Any], previous: dict[str, Any],
-               dt: float) -> dict[str, float]:
-        """Drops per second by reason, over the last refresh of the drop map."""
-        if not current.get("drops") or self.datapath is None:
+    def drops_by_reason(self) -> dict[str, float]:
+        """Kernel drops per second by reason since the previous call (eBPF only).
+
+        Read on demand, for operators: walking the kernel-wide drop map every
+        interval would cost more than everything else the observer does, and
+        no health rule needs it.
+        """
+        if self.datapath is None or not self.datapath.has_drops:
             return {}
-        if current.get("drops_at") == previous.get("drops_at"):
-            return self._last_drops  # not re-read this interval
-        span = current["drops_at"] - previous.get("drops_at", current["drops_at"])
+        now = self.clock()
+        counts = self.datapath.read_drops()
+        before, before_at = self._drops_seen
+        self._drops_seen = (counts, now)
+        if before_at is None or now <= before_at:
+            return {}
         names = self.datapath.drop_reasons
-        before = previous.get("drops") or {}
-        out = {}
-        for reason, count in current["drops"].items():
-            rate = _rate(count, before.get(reason, 0), span)
-            if rate > 0:
-                out[names.get(reason, str(reason))] = rate
-        self._last_drops = out
-        return out
+        return {
+            names.get(reason, str(reason)): rate
+            for reason, count in counts.items()
+            if (rate := _rate(count, before.get(reason, 0), now - before_at)) > 0
+        }
 
     def _link(self, device: NetDevice, current: dict[str, Any], previous: dict[str, Any],
               dt: float, retransmits: float) -> LinkRates:
@@ -348,11 +406,15 @@ class LinksObserver(Observer):
         dev_now: DevCounters | None = current["dev"].get(device.name)
         dev_before: DevCounters | None = previous["dev"].get(device.name)
         drops = errors = 0.0
-        if dev_now and dev_before:
+        dev_dt = current["dev_at"] - previous["dev_at"]
+        if dev_now and dev_before and dev_dt > 0:
             drops = _rate(dev_now.rx_drops + dev_now.tx_drops,
-                          dev_before.rx_drops + dev_before.tx_drops, dt)
+                          dev_before.rx_drops + dev_before.tx_drops, dev_dt)
             errors = _rate(dev_now.rx_errors + dev_now.tx_errors,
-                           dev_before.rx_errors + dev_before.tx_errors, dt)
+                           dev_before.rx_errors + dev_before.tx_errors, dev_dt)
+        elif dev_now and dev_before:  # not re-read this interval: keep the last rates
+            drops, errors = self._dev_rates.get(device.name, (0.0, 0.0))
+        self._dev_rates[device.name] = (drops, errors)
         bpf_now: Counters | None = current.get("bpf", {}).get(device.ifindex)
         bpf_before: Counters | None = (previous.get("bpf") or {}).get(device.ifindex)
         if bpf_now is not None and bpf_before is not None:
@@ -435,6 +497,7 @@ def links_table(sample: LinkSample | None) -> list[dict[str, Any]]:
             "ect_fraction": link.ect_fraction,
             "ce_fraction": link.ce_fraction,
             "retransmits_per_s": link.retransmits_per_s,
+            "retransmit_fraction": link.retransmit_fraction,
             "drops_per_s": link.drops_per_s,
             "errors_per_s": link.errors_per_s,
             "totals": dict(zip(("rx_bytes", "tx_bytes", "rx_packets", "tx_packets"),

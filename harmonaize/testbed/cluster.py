@@ -8,6 +8,7 @@ configuration file and log under ``workdir``.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
+from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
 from harmonaize.testbed.netns import Lab
 
 AGENT_PORT = 7400
@@ -97,6 +99,8 @@ class TestCluster:
         self.controller_overrides = controller_overrides
         self.agents: dict[str, subprocess.Popen[Any]] = {}
         self.controller: subprocess.Popen[Any] | None = None
+        #: Each agent host's fake GPUs, for scenarios to break.
+        self.gpus: dict[str, FakeNvml] = {}
 
     # --- paths -----------------------------------------------------------------------
 
@@ -133,8 +137,17 @@ class TestCluster:
         )
         self._wait_serving(self.admin_socket, self.controller, "controller", timeout)
 
-    def start_agent(self, host: str, timeout: float = 20.0, extra: str = "") -> None:
+    def start_agent(self, host: str, timeout: float = 20.0, extra: str = "",
+                    gpus: int = 8) -> None:
+        """Start ``host``'s agent, with ``gpus`` simulated GPUs (kept across restarts)."""
         cfg = self.workdir / f"{host}.toml"
+        gpu_section = "[observers.gpu]\nenabled = false\n"
+        env = dict(os.environ)
+        if gpus:
+            fake = self.gpus.get(host) or FakeNvml(self.workdir / f"{host}.gpus", gpus=gpus)
+            self.gpus[host] = fake
+            env[STATE_ENV] = str(fake.path)
+            gpu_section = f'[observers.gpu]\nnvml_library = "{library_path()}"\n'
         cfg.write_text(
             "[agent]\n"
             f'host_id = "{host}"\n'
@@ -143,10 +156,11 @@ class TestCluster:
             f'path = "{self.socket(host)}"\n'
             "[controller]\n"
             f'endpoint = "tcp://{self.lab.addr("controller")}:{AGENT_PORT}"\n'
-            + self.agent_overrides + extra
+            + self.agent_overrides + gpu_section + extra
         )
         proc = self.lab.popen(
-            host, [sys.executable, "-m", "agent.main", "-c", str(cfg)], log=self.log(host)
+            host, [sys.executable, "-m", "agent.main", "-c", str(cfg)], log=self.log(host),
+            env=env,
         )
         self.agents[host] = proc
         self._wait_serving(self.socket(host), proc, host, timeout)

@@ -66,13 +66,15 @@ def scenario(cluster: TestCluster) -> None:
     say("a tenant subscribes to the pool feed (it only ever sees aggregates)")
     tenant: TenantWatcher = cluster.tenant_watch()
     time.sleep(0.5)
-    say("starting host agents h1 and h2 (100 ms sampling, heartbeats every second)")
+    say("starting host agents h1 and h2, each with eight simulated H200 GPUs "
+        "(100 ms sampling, heartbeats every second)")
     cluster.start_agent("h1")
     cluster.start_agent("h2")
     tenant.wait_for(capacity_is(2, 0), 20, "two hosts up", on_message=show_tenant)
 
-    say("an operator on h1 asks its agent: harmonctl status")
+    say("an operator on h1 asks its agent: harmonctl status, then harmonctl gpus")
     print(indent(cluster.harmonctl("h1", "status")), flush=True)
+    print(indent(cluster.harmonctl("h1", "gpus")), flush=True)
     say("the operator asks the controller: harmonctl -C hosts")
     argv = [sys.executable, "-m", "harmonaize.harmonctl", "-C", str(cluster.admin_socket),
             "hosts"]

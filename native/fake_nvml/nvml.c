@@ -8,7 +8,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/inotify.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,7 @@ struct nvmlDevice_st {
 
 struct nvmlEventSet_st {
     int in_use;
+    int watch_fd;                         /* inotify on the state file's directory, or -1 */
     int delivered_any;
     uint64_t last_id;                     /* highest XID id delivered */
     unsigned long long types[FAKE_MAX_GPUS]; /* registered event types per GPU */
@@ -117,6 +120,28 @@ static int sleep_until(const struct timespec *deadline, long max_ns)
     long long ns = left < max_ns ? left : max_ns;
     struct timespec d = {.tv_sec = 0, .tv_nsec = (long)ns};
     nanosleep(&d, NULL); /* EINTR just means an earlier poll */
+    return 1;
+}
+
+/* Waits for a change in the watched directory, at most until the deadline;
+ * returns 0 once the deadline has passed. The watch was set before the state
+ * was last looked at, so a change in between is queued, not missed. */
+static int wait_for_change(int watch_fd, const struct timespec *deadline)
+{
+    if (watch_fd < 0)
+        return sleep_until(deadline, EVENT_POLL_NS);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long left_ms = (long long)(deadline->tv_sec - now.tv_sec) * 1000LL +
+                        (deadline->tv_nsec - now.tv_nsec) / 1000000LL;
+    if (left_ms <= 0)
+        return 0;
+    struct pollfd p = {.fd = watch_fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(left_ms < 60000 ? left_ms : 60000)) > 0) {
+        char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+        while (read(watch_fd, buf, sizeof(buf)) > 0) {
+        } /* drain: one change is enough to look again */
+    }
     return 1;
 }
 
@@ -725,12 +750,58 @@ FAKE_API nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsig
 
 /* ---- field values ---- */
 
+/* Sum of one NVLink error counter over the GPU's links, as the *_TOTAL fields report. */
+static unsigned long long nvlink_total(const struct fake_gpu *g, int counter)
+{
+    unsigned long long total = 0;
+    for (uint32_t l = 0; l < g->nvlinks && l < FAKE_MAX_LINKS; l++)
+        total += g->link[l].counter[counter];
+    return total;
+}
+
 static void field_value(const struct fake_gpu *g, nvmlFieldValue_t *v, int64_t now_us)
 {
     unsigned long long value = 0;
     unsigned int type = NVML_VALUE_TYPE_UNSIGNED_INT;
     nvmlReturn_t r = NVML_SUCCESS;
     switch (v->fieldId) {
+    case NVML_FI_DEV_ECC_SBE_VOL_TOTAL:
+    case NVML_FI_DEV_ECC_DBE_VOL_TOTAL:
+    case NVML_FI_DEV_ECC_SBE_AGG_TOTAL:
+    case NVML_FI_DEV_ECC_DBE_AGG_TOTAL: {
+        /* ecc[type][counter]: SBE = corrected (0), DBE = uncorrected (1);
+         * volatile counter 0, aggregate 1. */
+        int offset = (int)v->fieldId - NVML_FI_DEV_ECC_SBE_VOL_TOTAL;
+        value = g->ecc[offset % 2][offset / 2];
+        type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        break;
+    }
+    case NVML_FI_DEV_RETIRED_SBE:
+        value = g->retired[0];
+        break;
+    case NVML_FI_DEV_RETIRED_DBE:
+        value = g->retired[1];
+        break;
+    case NVML_FI_DEV_RETIRED_PENDING:
+        value = g->retired_pending;
+        break;
+    case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+    case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+        if (g->nvlinks == 0) {
+            r = NVML_ERROR_NOT_SUPPORTED;
+            break;
+        }
+        value = nvlink_total(g, v->fieldId == NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL ? 2
+                                : v->fieldId == NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL ? 3
+                                : v->fieldId == NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL ? 0
+                                : 1);
+        type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        break;
+    case NVML_FI_DEV_NVLINK_LINK_COUNT:
+        value = g->nvlinks;
+        break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
         value = g->pcie_replay;
         type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
@@ -838,6 +909,30 @@ static struct nvmlEventSet_st *event_set(nvmlEventSet_t set)
     return set->in_use ? set : NULL; /* caller holds g_lock */
 }
 
+/* An inotify descriptor watching the state file's directory (the file is
+ * replaced by rename), so a waiting event set sleeps until the file changes
+ * instead of polling it; -1 where inotify is unavailable. */
+static int watch_state_dir(void)
+{
+    char dir[sizeof(g_path)];
+    snprintf(dir, sizeof(dir), "%s", g_path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        slash[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof(dir), ".");
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    if (inotify_add_watch(fd, dir, IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE | IN_ATTRIB) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 FAKE_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
 {
     nvmlReturn_t r = enter_system();
@@ -849,6 +944,7 @@ FAKE_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
         if (!g_sets[k].in_use) {
             memset(&g_sets[k], 0, sizeof(g_sets[k]));
             g_sets[k].in_use = 1;
+            g_sets[k].watch_fd = watch_state_dir();
             *set = &g_sets[k];
             return leave(NVML_SUCCESS);
         }
@@ -865,6 +961,9 @@ FAKE_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     if (!s)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     s->in_use = 0;
+    if (s->watch_fd >= 0)
+        close(s->watch_fd);
+    s->watch_fd = -1;
     return leave(NVML_SUCCESS);
 }
 
@@ -887,7 +986,8 @@ FAKE_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned lon
 /*
  * Delivers the lowest-id XID above the set's last delivered id for a GPU
  * registered for XID events; then, with nothing pending, reports a lost
- * registered GPU. Polls the file every 5 ms without holding the lock.
+ * registered GPU. Sleeps (without the lock) until the state file changes or
+ * the deadline passes; where inotify is unavailable it polls every 5 ms.
  */
 static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *out, unsigned int timeout_ms)
 {
@@ -919,8 +1019,9 @@ static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *out, unsigne
                 return leave(NVML_ERROR_GPU_IS_LOST);
             }
         }
+        int watch_fd = s->watch_fd;
         leave(NVML_SUCCESS);
-        if (!sleep_until(&deadline, EVENT_POLL_NS))
+        if (!wait_for_change(watch_fd, &deadline))
             return NVML_ERROR_TIMEOUT;
     }
 }

@@ -1,0 +1,1 @@
+"""GPUs: NVML access with bounded calls, the XID catalog, job identity from processes."""
