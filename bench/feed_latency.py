@@ -35,6 +35,8 @@ def main() -> int:
             f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\n'
             f'admin_socket = "{work / "controller.sock"}"\ndatabase = "{work / "c.db"}"\n'
             'log_level = "warning"\n'
+            # One host, and no deliberate delay: this measures the pipeline itself.
+            "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
         )
         agent_cfg = work / "agent.toml"
         agent_sock = work / "agent.sock"

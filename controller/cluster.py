@@ -16,12 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from controller.aggregate import HostView
+from controller.redaction import HostState
 from harmonaize.messages import (
     Ack,
     Category,
     Envelope,
     Goodbye,
+    GpuCounts,
     Health,
     Heartbeat,
     Hello,
@@ -53,15 +54,17 @@ class HostRecord:
     last_seen: float = 0.0  # monotonic time of the last message
     summary: HostSummary | None = None
 
-    def view(self) -> HostView:
+    def view(self) -> HostState:
         summary = self.summary
-        return HostView(
+        return HostState(
+            host_id=self.host_id,
             pool=self.pool,
             gpu_class=self.gpu_class,
             alive=self.alive,
             schedulable=summary.schedulable if summary else True,
             health=summary.health if summary else Health.HEALTHY,
-            gpus_available=summary.gpus.available if summary else 0,
+            gpus=summary.gpus if summary else GpuCounts(),
+            links=summary.links if summary else (),
         )
 
 
@@ -188,7 +191,7 @@ class Cluster:
                 gone.append(host.host_id)
         return gone
 
-    def views(self) -> list[HostView]:
+    def views(self) -> list[HostState]:
         return [host.view() for host in self.hosts.values()]
 
     def take_dirty(self) -> tuple[list[HostRecord], list[StoredEvent]]:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar
 
+from controller.redaction import RedactionConfig
 from harmonaize import config
 from harmonaize.config import AbsPath, Endpoint, LogLevel
-from harmonaize.schema import Len, Name, Num
+from harmonaize.schema import Name, Num
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")
-
-Edges = Annotated[tuple[Annotated[int, Num(0, 2**40)], ...], Len(64, min_len=1)]
-
 
 @dataclass(frozen=True)
 class ControllerSection:
@@ -48,27 +45,12 @@ class FeedSection:
 
 
 @dataclass(frozen=True)
-class AggregationSection:
-    STRICT_KEYS: ClassVar[bool] = True
-    #: Lower edges of the buckets host counts are reported in.
-    host_buckets: Edges = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-    #: Lower edges of the buckets GPU counts are reported in.
-    gpu_buckets: Edges = (0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 32768)
-
-    def __post_init__(self) -> None:
-        for name in ("host_buckets", "gpu_buckets"):
-            edges = getattr(self, name)
-            if edges[0] != 0 or any(b <= a for a, b in itertools.pairwise(edges)):
-                raise ValueError(f"{name} must start at 0 and increase strictly")
-
-
-@dataclass(frozen=True)
 class ControllerConfig:
     STRICT_KEYS: ClassVar[bool] = True
     controller: ControllerSection = field(default_factory=ControllerSection)
     liveness: LivenessSection = field(default_factory=LivenessSection)
     feed: FeedSection = field(default_factory=FeedSection)
-    aggregation: AggregationSection = field(default_factory=AggregationSection)
+    redaction: RedactionConfig = field(default_factory=RedactionConfig)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

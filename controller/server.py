@@ -2,9 +2,10 @@
 
 Agents talk to a ROUTER socket; every batch of frames is applied to the
 sans-I/O :class:`Cluster`, committed to SQLite, and only then acknowledged.
-Tenant-visible aggregates come from :class:`CapacityAggregator` and go out on
-an XPUB socket, which also tells us when someone subscribes so that a late
-joiner gets the current conditions at once.
+What tenants may see comes from :class:`Redactor` (aggregation and
+redaction, shared with the simulator) and goes out on an XPUB socket, which
+also tells us when someone subscribes so that a late joiner gets the current
+conditions at once.
 """
 
 from __future__ import annotations
@@ -13,24 +14,33 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import zmq
 import zmq.asyncio
 
-from controller.aggregate import CapacityAggregator, topic_of
 from controller.cluster import Cluster
 from controller.config import ControllerConfig
+from controller.redaction import Member, Placement, Redactor
 from controller.store import Store
 from harmonaize import __version__
-from harmonaize.messages import AGENT_KINDS, MAX_FRAME, Message, WireError, decode, encode
+from harmonaize.messages import (
+    AGENT_KINDS,
+    MAX_FRAME,
+    Message,
+    PoolCapacity,
+    WireError,
+    decode,
+    encode,
+)
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import to_plain
+from harmonaize.schema import Ident, Len, SchemaError, from_plain, to_plain
 from harmonaize.sdnotify import Notifier
 
 log = logging.getLogger("harmonaize.controller")
@@ -44,6 +54,22 @@ REJECT_LOG_WINDOW = 10.0
 EVENT_PRUNE_INTERVAL = 3600.0
 
 
+@dataclass(frozen=True)
+class MemberRequest:
+    name: Ident
+    host: Ident
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """A placement as the provider's scheduler sends it (validated like any input)."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    job: Ident
+    tenant: Ident
+    members: Annotated[tuple[MemberRequest, ...], Len(4096, min_len=1)]
+
+
 class ControllerServer:
     def __init__(self, cfg: ControllerConfig, cfg_path: Path | None = None) -> None:
         self.cfg = cfg
@@ -53,7 +79,9 @@ class ControllerServer:
         self.store = Store(cfg.controller.database)
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(self.store.load_hosts(), time.monotonic())
-        self.aggregator = CapacityAggregator(cfg.aggregation)
+        self.redactor = Redactor(cfg.redaction, random.Random())
+        for placement in self.store.load_placements():
+            self.redactor.place(placement)
         #: Sequence numbers are per topic, so a tenant's gaps say nothing about
         #: traffic on topics it cannot see.
         self.feed_seqs = self.store.load_feed_seqs()
@@ -196,33 +224,28 @@ class ControllerServer:
             self.xpub.send_multipart([topic.encode(), frame], flags=zmq.NOBLOCK)
         self.feed_stats["published"] += 1
 
-    def _publish_advisories(self) -> None:
-        """Job-scoped advice goes to the job's own topic; it names no host."""
+    def _publish_changes(self) -> None:
+        """Feed the redactor what changed; publish whatever it lets out now."""
+        now = time.monotonic()
         advisories, self.cluster.advisories = self.cluster.advisories, []
         for advisory in advisories:
-            self._publish(advisory, f"job/{advisory.job}/")
-        if advisories:
-            self._commit()
-
-    def _publish_changes(self) -> None:
-        self._publish_advisories()
-        if not self.cluster.changed:
-            return
-        self.cluster.changed = False
-        for capacity in self.aggregator.step(self.cluster.views()):
-            log.info(
-                "capacity %s: hosts up %s, down %s, gpus %s (%s)",
-                topic_of(capacity), capacity.hosts_up, capacity.hosts_down,
-                capacity.gpus_available, capacity.trend.value,
-            )
-            self._publish(capacity, topic_of(capacity))
-        self._commit()  # feed sequence numbers must not go back after a restart
+            self.redactor.advisory(advisory, now)
+        if self.cluster.changed:
+            self.cluster.changed = False
+            self.redactor.observe(self.cluster.views(), now)
+        publications = self.redactor.due(now)
+        for publication in publications:
+            body = publication.body
+            if isinstance(body, PoolCapacity):
+                log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
+                         body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
+            self._publish(body, publication.topic)
+        if publications:
+            self._commit()  # feed sequence numbers must not go back after a restart
 
     def _republish(self, prefix: str = "") -> None:
-        for capacity in self.aggregator.current():
-            topic = topic_of(capacity)
-            if topic.startswith(prefix):
-                self._publish(capacity, topic)
+        for publication in self.redactor.current(prefix):
+            self._publish(publication.body, publication.topic)
 
     async def _feed_loop(self) -> None:
         assert self.xpub is not None
@@ -252,7 +275,7 @@ class ControllerServer:
             for host_id in self.cluster.tick(now):
                 log.warning("host %s is down: %s", host_id, self.cluster.hosts[host_id].down_reason)
             self._commit()
-            self._publish_changes()
+            self._publish_changes()  # also what the redactor held back until now
             if now >= next_republish:
                 self._republish()
                 next_republish = now + self.cfg.feed.republish
@@ -266,7 +289,11 @@ class ControllerServer:
         return {
             "status": Command(self._cmd_status, "controller counters and endpoints"),
             "hosts": Command(self._cmd_hosts, "every known host and its last state"),
-            "capacity": Command(self._cmd_capacity, "current tenant-visible capacity"),
+            "capacity": Command(self._cmd_capacity, "what tenants currently see"),
+            "jobs": Command(self._cmd_jobs, "jobs' placements (from the scheduler)"),
+            "place": Command(self._cmd_place, "record a job's placement: job, tenant, members",
+                             changes=True),
+            "unplace": Command(self._cmd_unplace, "forget a job's placement", changes=True),
             "events": Command(self._cmd_events, "recent host events"),
         }
 
@@ -308,9 +335,32 @@ class ControllerServer:
         return rows
 
     def _cmd_capacity(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        return [
-            {"topic": topic_of(c), **to_plain(c)} for c in self.aggregator.current()
-        ]
+        return [{"topic": p.topic, "tenant": p.tenant, "kind": p.body.KIND, **to_plain(p.body)}
+                for p in self.redactor.current()]
+
+    def _cmd_jobs(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        return [to_plain(p) for _, p in sorted(self.redactor.placements.items())]
+
+    def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            placement = from_plain(PlacementRequest, args, "place")
+        except SchemaError as exc:
+            raise CommandError(str(exc)) from None
+        record = Placement(placement.job, placement.tenant,
+                           tuple(Member(m.name, m.host) for m in placement.members))
+        self.store.save_placement(record)
+        self.redactor.place(record)
+        self.cluster.changed = True
+        self._publish_changes()
+        return {"job": record.job, "members": len(record.members)}
+
+    def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
+        job = args.get("job")
+        if not isinstance(job, str) or job not in self.redactor.placements:
+            raise CommandError("job must name a placed job")
+        self.store.delete_placement(job)
+        self.redactor.remove_job(job)
+        return {"job": job}
 
     def _cmd_events(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         limit = args.get("limit", 50)

@@ -7,6 +7,7 @@ transaction, and only then are the acknowledgements sent.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import msgpack
 
 from controller.cluster import HostRecord, StoredEvent
+from controller.redaction import Member, Placement
 from harmonaize.messages import HostSummary
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
@@ -35,6 +37,11 @@ CREATE TABLE IF NOT EXISTS hosts (
     alive INTEGER NOT NULL,
     down_reason TEXT NOT NULL,
     summary BLOB
+) STRICT;
+CREATE TABLE IF NOT EXISTS placements (
+    job TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    members TEXT NOT NULL
 ) STRICT;
 CREATE TABLE IF NOT EXISTS feed_topics (topic TEXT PRIMARY KEY, seq INTEGER NOT NULL) STRICT;
 CREATE TABLE IF NOT EXISTS host_events (
@@ -96,6 +103,24 @@ class Store:
                 )
             )
         return records
+
+    def load_placements(self) -> list[Placement]:
+        placements = []
+        for job, tenant, members in self.db.execute(
+                "SELECT job, tenant, members FROM placements"):
+            placements.append(Placement(job, tenant, tuple(
+                Member(name, host) for name, host in json.loads(members))))
+        return placements
+
+    def save_placement(self, placement: Placement) -> None:
+        members = json.dumps([[m.name, m.host_id] for m in placement.members])
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
+                            " VALUES (?, ?, ?)", (placement.job, placement.tenant, members))
+
+    def delete_placement(self, job: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM placements WHERE job = ?", (job,))
 
     def load_feed_seqs(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT topic, seq FROM feed_topics").fetchall())

@@ -315,7 +315,23 @@ class PoolCapacity(Message):
     revision: Count
 
 
-FEED_KINDS = frozenset({"pool-capacity", "job-advisory"})
+@message("job-health", Category.CONDITION)
+@dataclass(frozen=True)
+class JobHealth(Message):
+    """A job's members as the tenant knows them: which are degraded or lost, and how
+    congested the job's network paths are. Never a host, address or other tenant."""
+
+    job: Ident
+    #: Members (ranks or instance names) on hardware that is degraded or out of service.
+    degraded: Annotated[tuple[Ident, ...], Len(1024)] = ()
+    #: Members on hardware that is down or lost.
+    lost: Annotated[tuple[Ident, ...], Len(1024)] = ()
+    #: The worst congestion on the data links of the job's hosts.
+    congestion: Level = Level.NONE
+    revision: Count = 0
+
+
+FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health"})
 
 # --- envelope and codec --------------------------------------------------------------
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.aggregate import CapacityAggregator, HostView, bucket
 from controller.cluster import Cluster, Down, HostRecord
-from controller.config import AggregationSection
 from harmonaize import messages as m
 from harmonaize.messages import Envelope
 
@@ -90,32 +88,10 @@ def test_restored_hosts_get_a_grace_period() -> None:
     assert cluster.tick(103.5) == ["h1"]
 
 
-def test_buckets() -> None:
-    edges = (0, 1, 2, 4, 8)
-    assert [str(bucket(v, edges)) for v in (0, 1, 2, 3, 4, 7, 8, 100)] == [
-        "0", "1", "2-3", "2-3", "4-7", "4-7", "8+", "8+"]
-
-
-def view(available: bool = True, gpus: int = 8, pool: str = "p") -> HostView:
-    return HostView(pool, "H200", alive=available, schedulable=True,
-                    health=m.Health.HEALTHY, gpus_available=gpus)
-
-
-def test_capacity_changes_only_when_a_bucket_moves() -> None:
-    agg = CapacityAggregator(AggregationSection(host_buckets=(0, 1, 4), gpu_buckets=(0, 1, 32)))
-    (first,) = agg.step([view(), view()])
-    assert (str(first.hosts_up), str(first.gpus_available), first.revision) == ("1-3", "1-31", 1)
-    assert agg.step([view(), view(), view()]) == []          # 3 hosts: same buckets
-    (second,) = agg.step([view()] * 4)                       # 4 hosts, 32 GPUs
-    assert (str(second.hosts_up), str(second.gpus_available)) == ("4+", "32+")
-    assert second.trend is m.Trend.RISING and second.revision == 2
-    (third,) = agg.step([view(), view(available=False)])
-    assert third.trend is m.Trend.FALLING and str(third.hosts_down) == "1-3"
-    assert agg.current() == [third]
-
-
-def test_unhealthy_or_drained_hosts_are_not_capacity() -> None:
-    unhealthy = HostView("p", "H200", True, True, m.Health.UNHEALTHY, 8)
-    drained = HostView("p", "H200", True, False, m.Health.HEALTHY, 8)
-    assert not unhealthy.available and not drained.available
-    assert view().available
+def test_restored_hosts_views_carry_their_summary() -> None:
+    cluster = Cluster()
+    cluster.receive(b"c1", env(hello()), 0.0)
+    cluster.receive(b"c1", env(SUMMARY, seq=1), 0.0)
+    (view,) = cluster.views()
+    assert (view.host_id, view.gpu_class, view.gpus.healthy, view.available) == (
+        "h1", "H200", 8, True)

@@ -74,9 +74,11 @@ def test_a_full_agent_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        ({"aggregation": {"host_buckets": [1, 2]}}, "must start at 0"),
-        ({"aggregation": {"gpu_buckets": [0, 8, 8]}}, "increase strictly"),
-        ({"aggregation": {"gpu_buckets": []}}, "list too short"),
+        ({"redaction": {"host_buckets": [1, 2]}}, "must start at 0"),
+        ({"redaction": {"gpu_buckets": [0, 8, 8]}}, "increase strictly"),
+        ({"redaction": {"gpu_buckets": []}}, "list too short"),
+        ({"redaction": {"mode": "partial"}}, "redaction.mode"),
+        ({"redaction": {"min_hosts": 0}}, "redaction.min_hosts"),
         ({"liveness": {"missed_heartbeats": 0}}, "liveness.missed_heartbeats"),
         ({"controller": {"database": "db.sqlite"}}, "controller.database"),
     ],

@@ -25,7 +25,9 @@ def test_capacity_follows_hosts_across_namespaces(cluster: TestCluster) -> None:
     tenant = cluster.tenant_watch()
     cluster.start_agent("h1")
     cluster.start_agent("h2")
-    up = tenant.wait_for(capacity_is(2, 0), 20, "two hosts up")
+    up = tenant.wait_for(
+        lambda m: capacity_is(2, 0)(m) and m["body"]["gpus_available"]["lo"] == 16, 20,
+        "two hosts and their GPUs up")
     assert up["topic"] == "pool/default/H200" and up["category"] == "condition"
     assert up["body"]["gpus_available"] == {"lo": 16, "hi": 31}
 
@@ -53,8 +55,12 @@ def test_a_late_tenant_gets_the_current_state_at_once(cluster: TestCluster) -> N
     cluster.start_controller()
     cluster.start_agent("h1")
     early = cluster.tenant_watch()
-    early.wait_for(capacity_is(1, 0), 20, "the first aggregate")
+
+    def settled(message: dict) -> bool:
+        return capacity_is(1, 0)(message) and message["body"]["gpus_available"]["lo"] == 8
+
+    current = early.wait_for(settled, 20, "h1 with its eight GPUs")
     late = cluster.tenant_watch()
     # The controller republishes only every 10 s; the late joiner must not wait for that.
-    message = late.wait_for(capacity_is(1, 0), 5, "current conditions on subscribing")
-    assert message["body"]["revision"] == 1
+    message = late.wait_for(settled, 5, "current conditions on subscribing")
+    assert message["body"]["revision"] == current["body"]["revision"]

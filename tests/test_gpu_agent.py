@@ -70,7 +70,9 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
     fake.set(3, processes={process.pid: 1 << 30})
     wait_until(lambda: gpu(agent, 3)["jobs"] == [{"job": "job-42", "rank": "3"}],
                what="the job on gpu 3")
-    with FeedClient(controller.feed, ["job/job-42/", "pool/"]) as tenant:
+    controller.request("place", {"job": "job-42", "tenant": "acme",
+                                 "members": [{"name": "3", "host": "g1"}]})
+    with FeedClient(controller.feed, ["job/acme/job-42/", "pool/"]) as tenant:
         wait_until(lambda: controller.request("capacity"), what="capacity")
         fake.inject_xid(3, 79)
         lost = wait_until(lambda: state_of(agent, 3, "lost"), what="gpu 3 lost")
@@ -83,13 +85,16 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
             assert message is not None, "no advisory reached the tenant"
             if isinstance(message.body, JobAdvisory):
                 advisory = message
-        assert advisory.topic == "job/job-42/"
+        assert advisory.topic == "job/acme/job-42/"
         assert (advisory.body.advice.value, advisory.body.reason, advisory.body.ranks) == (
             "checkpoint-now", "gpu-failure", ("3",))
         assert "g1" not in repr(advisory) and "GPU-" not in repr(advisory)
     # An unhealthy host (a node reboot is needed) is no longer capacity.
-    wait_until(lambda: controller.request("capacity")[0]["hosts_up"]["hi"] == 0,
-               what="capacity to drop")
+    def hosts_up() -> int | None:
+        pools = [c for c in controller.request("capacity") if c["kind"] == "pool-capacity"]
+        return pools[0]["hosts_up"]["hi"] if pools else None
+
+    wait_until(lambda: hosts_up() == 0, what="capacity to drop")
 
 
 def test_xid_13_leaves_the_gpu_healthy(spawn, workdir: Path) -> None:
@@ -171,7 +176,7 @@ def test_capacity_counts_available_gpus(spawn, workdir: Path) -> None:
     _, fake = gpu_agent(spawn, workdir, endpoint=controller.listen)
 
     def gpus_bucket() -> tuple[int, int | None] | None:
-        rows = controller.request("capacity")
+        rows = [c for c in controller.request("capacity") if c["kind"] == "pool-capacity"]
         if not rows:
             return None
         bucket = rows[0]["gpus_available"]

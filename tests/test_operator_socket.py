@@ -24,7 +24,10 @@ CLIENT = textwrap.dedent("""
         s.connect(sys.argv[1])
     except OSError as exc:
         print(json.dumps({"connect_error": exc.strerror})); sys.exit(0)
-    s.sendall(json.dumps({"cmd": sys.argv[2]}).encode() + b"\\n")
+    try:
+        s.sendall(json.dumps({"cmd": sys.argv[2]}).encode() + b"\\n")
+    except BrokenPipeError:
+        pass  # refused before we spoke: the refusal is still there to read
     print(s.makefile().readline().strip())
 """)
 

@@ -24,6 +24,7 @@ SAMPLES: list[m.Message] = [
     m.HostSummary(m.Health.DEGRADED, True, m.GpuCounts(6, 1, 0, 1, 0, 4), (CONDITION,),
                   (m.LinkHealth("data", 4, 1, m.Level.HIGH, m.Level.LOW),)),
     m.JobAdvisory("job-7", m.Advice.CHECKPOINT_NOW, "gpu-memory", m.Urgency.HIGH, ("3", "4")),
+    m.JobHealth("job-7", ("3",), ("4", "5"), m.Level.LOW, 2),
     m.HostEvent("XidObserved", m.Severity.CRITICAL, "xid 79"),
     m.Goodbye("stopping"),
     m.Ack(41),

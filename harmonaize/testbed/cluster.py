@@ -26,6 +26,9 @@ from harmonaize.testbed.netns import Lab
 
 AGENT_PORT = 7400
 FEED_PORT = 7401
+#: A lab has two or three hosts: aggregate them at once. The product's defaults
+#: publish only aggregates of 5 or more hosts, at most every 10 s (plus jitter).
+SMALL_CLUSTER = "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
 
 
 class Timeout(AssertionError):
@@ -129,7 +132,7 @@ class TestCluster:
             f'feed = "tcp://{addr}:{FEED_PORT}"\n'
             f'admin_socket = "{self.admin_socket}"\n'
             f'database = "{self.workdir / "controller.db"}"\n'
-            + self.controller_overrides
+            + (self.controller_overrides or SMALL_CLUSTER)
         )
         self.controller = self.lab.popen(
             "controller", [sys.executable, "-m", "controller.main", "-c", str(cfg)],

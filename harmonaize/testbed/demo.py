@@ -63,7 +63,8 @@ def scenario(cluster: TestCluster) -> None:
     say("starting the controller in its namespace "
         f"({cluster.lab.addr('controller')}, agents on :7400, feed on :7401)")
     cluster.start_controller()
-    say("a tenant subscribes to the pool feed (it only ever sees aggregates)")
+    say("a tenant subscribes to the pool feed (it only ever sees aggregates; with two "
+        "hosts the demo lets aggregates of one host through: the default is 5)")
     tenant: TenantWatcher = cluster.tenant_watch()
     time.sleep(0.5)
     say("starting host agents h1 and h2, each with eight simulated H200 GPUs "
