@@ -29,11 +29,19 @@ from agent.observers import ObserverSet
 from agent.observers.links import LinksObserver, links_table
 from agent.observers.rdma import RdmaSample
 from agent.uplink import Uplink
+from agent.validation.service import ValidationService
 from harmonaize import __version__
 from harmonaize.config import ConfigError
-from harmonaize.messages import Hello, HostEvent, HostSummary, Severity
+from harmonaize.messages import (
+    Hello,
+    HostEvent,
+    HostSummary,
+    JobDeclaration,
+    Message,
+    Severity,
+)
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import to_plain
+from harmonaize.schema import SchemaError, from_plain, to_plain
 from harmonaize.sdnotify import Notifier
 from harmonaize.threads import set_os_thread_name
 
@@ -62,6 +70,9 @@ class AgentDaemon:
         self.last_step: HealthStep | None = None
         self.observations: dict[str, Any] = {}
         self.advisories_sent = 0
+        #: What tenants declared for their jobs (from the controller, or an operator).
+        self.declarations: dict[str, JobDeclaration] = {}
+        self.validation: ValidationService | None = None
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
@@ -108,12 +119,18 @@ class AgentDaemon:
         Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
         self.observers.start_all()
         await self.opsocket.start()
+        if self.cfg.validation.enabled:
+            self.validation = ValidationService(
+                self.cfg.validation, self.cfg.agent.state_dir, self.health.gpus,
+                retired_pages_limit=self.cfg.observers.gpu.retired_pages_limit,
+                publish=self._publish, emit=self._emit, allowance=self._pause_allowance)
+            self.validation.start(loop)
         self._step(time.time())  # the first summary (and GPU count) before the hello
         if self.cfg.controller.endpoint:
             self._ctx = zmq.asyncio.Context()
             self.uplink = Uplink(
                 self._ctx, self.cfg.controller, self.host_id, self._hello,
-                on_resync=self.republisher.force,
+                on_resync=self.republisher.force, on_declaration=self._declared,
             )
             self.uplink.connect()
             self.republisher.force()
@@ -150,6 +167,8 @@ class AgentDaemon:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.validation is not None:
+            self.validation.stop()  # kills running checks before anything else goes
         if self.uplink is not None:
             self.uplink.close("agent stopping")
         if self._ctx is not None:
@@ -251,7 +270,9 @@ class AgentDaemon:
         observations = self.observers.sample_all(now)
         self.observations = observations
         failing = {r.name: r.last_error or r.detail for r in self.observers.failing()}
-        result = self.health.step(observations, now, failing=failing, drained=self.drained)
+        host_failure = self.validation.host_failure if self.validation is not None else None
+        result = self.health.step(observations, now, failing=failing, drained=self.drained,
+                                  validation_failure=host_failure)
         self.passes += 1
         self.summary = result.summary
         self.last_step = result
@@ -261,10 +282,24 @@ class AgentDaemon:
             log.warning("advisory to job %s: %s (%s, %s)", advisory.job, advisory.advice.value,
                         advisory.reason, advisory.urgency.value)
             self.advisories_sent += 1
-            if self.uplink is not None:
-                self.uplink.publish(advisory)
+            self._publish(advisory)
+        if self.validation is not None:
+            self.validation.step(result.gpus.gpus, now)
         if self.republisher.due(result.summary, now) and self.uplink is not None:
             self.uplink.publish(result.summary)
+
+    def _publish(self, message: Message) -> None:
+        if self.uplink is not None:
+            self.uplink.publish(message)
+
+    def _declared(self, declaration: JobDeclaration) -> None:
+        self.declarations[declaration.job] = declaration
+        log.info("job %s declares: validation pauses up to %g s", declaration.job,
+                 declaration.max_validation_pause)
+
+    def _pause_allowance(self, job: str) -> float:
+        declaration = self.declarations.get(job)
+        return declaration.max_validation_pause if declaration else 0.0
 
     def _emit(self, event: HostEvent) -> None:
         level = logging.WARNING if event.severity is not Severity.INFO else logging.INFO
@@ -299,6 +334,13 @@ class AgentDaemon:
             "drain": Command(self._cmd_drain, "withdraw this host from capacity", changes=True),
             "undrain": Command(self._cmd_undrain, "return this host to capacity", changes=True),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
+            "validate": Command(self._cmd_validate, "validate a GPU (gpu, level) or the host",
+                                changes=True),
+            "validations": Command(self._cmd_validations, "validation history and what waits"),
+            "release": Command(self._cmd_release, "validate a quarantined GPU, release it if it "
+                               "passes (force: without validating)", changes=True),
+            "declare": Command(self._cmd_declare, "set a job's declaration on this host",
+                               changes=True),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -326,6 +368,7 @@ class AgentDaemon:
             "observers": [r.as_dict() for r in self.observers.records.values()],
             "uplink": self.uplink.status() if self.uplink else None,
             "socket": asdict(self.opsocket.stats),
+            "validation": self.validation.status() if self.validation else None,
         }
 
     def _cmd_links(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -378,7 +421,34 @@ class AgentDaemon:
             "advisories_sent": self.advisories_sent,
         }
 
+    def _service(self) -> ValidationService:
+        if self.validation is None:
+            raise CommandError("validation is disabled (validation.enabled = false)")
+        return self.validation
+
+    def _cmd_validate(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._service().command_validate(args, self._gpu_views())
+
+    def _cmd_validations(self, args: dict[str, Any]) -> dict[str, Any]:
+        service = self._service()
+        return {**service.status(), "history": service.command_history(args)}
+
+    def _cmd_release(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._service().command_release(args, self._gpu_views(), time.time())
+
+    def _cmd_declare(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            declaration = from_plain(JobDeclaration, args.get("declaration"), "declaration")
+        except SchemaError as exc:
+            raise CommandError(str(exc)) from None
+        self._declared(declaration)
+        return to_plain(declaration)
+
     def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:
+        if args.get("gpu") is not None:
+            result = self._service().command_drain(args, self._gpu_views(), time.time())
+            self._step(time.time())
+            return result
         reason = args.get("reason", "drained by operator")
         if not isinstance(reason, str) or len(reason) > 200:
             raise CommandError("reason must be a string of at most 200 characters")

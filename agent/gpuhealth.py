@@ -100,6 +100,13 @@ class _Gpu:
     snapshot: GpuSnapshot | None = None
     view: GpuView | None = None
     evaluated_at: float = float("-inf")
+    #: The state to return to when a validation could not decide.
+    before_validation: GpuState = GpuState.HEALTHY
+    #: When the GPU was last seen reset (its volatile counters went back to zero).
+    reset_at: float = float("-inf")
+    #: When a passing validation or an operator last cleared the GPU: evidence that
+    #: was already there then has been looked at, and only newer evidence counts.
+    acknowledged_at: float = float("-inf")
 
     def window(self, name: str, span: float) -> _Window:
         return self.windows.setdefault(name, _Window(span))
@@ -147,6 +154,9 @@ class GpuHealthEngine:
         self._last: GpuStep | None = None
         self._last_at = float("-inf")
         self._seen: GpuSample | None = None
+        #: Set when a GPU's state moved (also from outside a step: validation,
+        #: operators); the host engine then re-evaluates at once.
+        self.changed = False
 
     # --- hooks for validation and operators ---------------------------------------
 
@@ -155,6 +165,7 @@ class GpuHealthEngine:
         if gpu.state is state and gpu.why == why:
             return None
         gpu.evaluated_at = float("-inf")  # show the change at the next step
+        self.changed = True
         previous = gpu.state
         gpu.state, gpu.why, gpu.since = state, why, now
         if action is not None:
@@ -170,13 +181,27 @@ class GpuHealthEngine:
 
     def begin_validation(self, index: int, now: float) -> HostEvent | None:
         gpu = self.gpus[index]
+        if gpu.state is not GpuState.VALIDATING:
+            gpu.before_validation = gpu.state
         return self._set(gpu, GpuState.VALIDATING, f"validating ({gpu.why})", now)
+
+    def abort_validation(self, index: int, why: str, now: float) -> HostEvent | None:
+        """The validation could not decide: back to where the GPU was."""
+        gpu = self.gpus[index]
+        if gpu.state is not GpuState.VALIDATING:
+            return None
+        return self._set(gpu, gpu.before_validation, why, now)
+
+    def reset_seen(self, index: int) -> float:
+        """When the GPU was last seen reset (-inf: never since the agent started)."""
+        gpu = self.gpus.get(index)
+        return gpu.reset_at if gpu is not None else float("-inf")
 
     def end_validation(self, index: int, passed: bool, why: str, now: float,
                        action: Action = Action.NONE) -> HostEvent | None:
         gpu = self.gpus[index]
         if passed:
-            gpu.last_suspect_signal = float("-inf")
+            self._acknowledge(gpu, now)
             return self._set(gpu, GpuState.HEALTHY, why, now)
         return self._set(gpu, GpuState.QUARANTINED, why, now, action)
 
@@ -186,9 +211,17 @@ class GpuHealthEngine:
 
     def release(self, index: int, why: str, now: float) -> HostEvent | None:
         gpu = self.gpus[index]
-        gpu.last_suspect_signal = float("-inf")
-        gpu.xids.clear()
+        self._acknowledge(gpu, now)
         return self._set(gpu, GpuState.HEALTHY, why, now)
+
+    @staticmethod
+    def _acknowledge(gpu: _Gpu, now: float) -> None:
+        """Evidence up to now has been judged: rates count again from zero, so errors
+        that keep coming make the GPU suspect again, and old ones do not."""
+        gpu.last_suspect_signal = float("-inf")
+        gpu.acknowledged_at = now
+        gpu.windows.clear()
+        gpu.xids.clear()
 
     # --- the step -------------------------------------------------------------------
 
@@ -196,7 +229,8 @@ class GpuHealthEngine:
         """Evaluate the GPUs whose inputs changed (and all of them every second)."""
         events: list[HostEvent] = []
         evaluated = False
-        if sample is self._seen and self._last is not None \
+        changed, self.changed = self.changed, False
+        if sample is self._seen and self._last is not None and not changed \
                 and now - self._last_at < FULL_EVALUATION:
             # The observer handed on the same observation: nothing new at all.
             return GpuStep(self._last.gpus, self._last.counts, self._last.findings, [], [],
@@ -223,7 +257,8 @@ class GpuHealthEngine:
                 gpu.jobs = jobs
                 self._evaluate(gpu, snap, sample.call_timeout, now, events)
                 evaluated = True
-        if evaluated or self._last is None or now - self._last_at >= FULL_EVALUATION:
+        if (evaluated or changed or self._last is None
+                or now - self._last_at >= FULL_EVALUATION):
             views = tuple(g.view for _, g in sorted(self.gpus.items()) if g.view is not None)
             self._last = GpuStep(views, self._counts(), self._host_findings(), [],
                                  self._advisories(now), worst([v.action for v in views]))
@@ -315,6 +350,13 @@ class GpuHealthEngine:
     def _counter_rules(self, gpu: _Gpu, snap: GpuSnapshot, counters: GpuCounters,
                        now: float) -> Iterable[GpuRule]:
         cfg = self.cfg
+        before = gpu.previous
+        if before is not None:
+            volatile_restarted = any((counters.get(k) or 0) < (before.get(k) or 0)
+                                     for k in ("ecc_sbe_volatile", "ecc_dbe_volatile"))
+            remap_applied = bool(before.get("remap_pending")) and not counters.get("remap_pending")
+            if volatile_restarted or remap_applied:
+                gpu.reset_at = now  # what a GPU reset does: the repair it waited for is done
         dbe = self._grew(gpu, counters, "ecc_dbe_volatile") or self._grew(
             gpu, counters, "ecc_dbe_aggregate")
         yield GpuRule(
@@ -421,7 +463,8 @@ class GpuHealthEngine:
             Action.RESET_GPU, Effect.SUSPECT, Reason.INTERCONNECT)
 
     def _transition(self, gpu: _Gpu, now: float) -> HostEvent | None:
-        holding = {c.type for c in gpu.tracker.holding()}
+        # Conditions that started after the last pass or release; older ones were seen.
+        holding = {c.type for c in gpu.tracker.holding() if c.since > gpu.acknowledged_at}
         active = [r for r in gpu.rules if r.finding.type in holding]
         by_effect = {e: [r for r in active if r.effect is e] for e in Effect}
 

@@ -92,16 +92,18 @@ class HostHealthEngine:
         *,
         failing: Mapping[str, str] | None = None,
         drained: str | None = None,
+        validation_failure: str | None = None,
     ) -> HealthStep:
         # Observers hand on the same objects when nothing moved; then so do we,
         # but re-evaluate at least once a second for rules that run on time.
         inputs = (*(observations.get(k) for k in ("host", "links", "rdma", "gpu")),
-                  tuple(sorted((failing or {}).items())), drained)
-        if self._last is not None and now - self._last[1] < FULL_STEP and all(
+                  tuple(sorted((failing or {}).items())), drained, validation_failure)
+        if self._last is not None and now - self._last[1] < FULL_STEP and not self.gpus.changed \
+                and all(
                 a is b or a == b for a, b in zip(inputs, self._last[0], strict=True)):
             previous = self._last[2]
             return HealthStep(previous.summary, [], [], previous.gpus)
-        step = self._step(observations, now, failing, drained)
+        step = self._step(observations, now, failing, drained, validation_failure)
         self._last = (inputs, now, step)
         return step
 
@@ -111,8 +113,12 @@ class HostHealthEngine:
         now: float,
         failing: Mapping[str, str] | None,
         drained: str | None,
+        validation_failure: str | None,
     ) -> HealthStep:
         findings = self.findings(observations, failing or {}, drained)
+        findings.append(Finding(
+            "HostValidationFailed", validation_failure is not None, Severity.WARNING,
+            "HostCheckFailed" if validation_failure else "", validation_failure or ""))
         links = observations.get("links")
         rdma = observations.get("rdma")
         link_step = self.links.step(

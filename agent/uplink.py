@@ -26,6 +26,7 @@ from harmonaize.messages import (
     Goodbye,
     Heartbeat,
     Hello,
+    JobDeclaration,
     Message,
     Resync,
     WireError,
@@ -45,12 +46,14 @@ class Uplink:
         hello: Callable[[int], Hello],
         *,
         on_resync: Callable[[], None] | None = None,
+        on_declaration: Callable[[JobDeclaration], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
         self.host_id = host_id
         self._hello = hello
         self._on_resync = on_resync
+        self._on_declaration = on_declaration
         self._clock = clock
         self._started = clock()
         self.outbox = Outbox(limit=cfg.outbox_limit, ack_timeout=cfg.ack_timeout)
@@ -129,6 +132,8 @@ class Uplink:
             self.outbox.rewind(self._clock())
             if self._on_resync is not None:
                 self._on_resync()
+        elif isinstance(body, JobDeclaration) and self._on_declaration is not None:
+            self._on_declaration(body)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -31,6 +31,7 @@ from harmonaize.messages import (
     JobAdvisory,
     Message,
     Resync,
+    ValidationNotice,
 )
 
 
@@ -92,8 +93,8 @@ class Cluster:
     counters: Counter[str] = field(default_factory=Counter)
     dirty: set[str] = field(default_factory=set)
     new_events: list[StoredEvent] = field(default_factory=list)
-    #: Job-scoped advice accepted from agents, for the shell to route to the job's tenant.
-    advisories: list[JobAdvisory] = field(default_factory=list)
+    #: Job-scoped advice and notices from agents, for the shell to route to the job's tenant.
+    advisories: list[JobAdvisory | ValidationNotice] = field(default_factory=list)
     #: Set whenever something tenants may see could have changed.
     changed: bool = True
 
@@ -142,7 +143,7 @@ class Cluster:
                 self.changed = True
         elif isinstance(body, HostEvent):
             self.new_events.append(StoredEvent(host_id, host.epoch, env.seq, env.time, body))
-        elif isinstance(body, JobAdvisory):
+        elif isinstance(body, JobAdvisory | ValidationNotice):
             self.advisories.append(body)
         self.counters["accepted"] += 1
         return [Reply(conn, Ack(env.seq))]

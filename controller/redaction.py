@@ -43,6 +43,7 @@ from harmonaize.messages import (
     Message,
     PoolCapacity,
     Trend,
+    ValidationNotice,
 )
 from harmonaize.schema import Len, Num
 
@@ -182,8 +183,12 @@ class Redactor:
         for placement in self.placements.values():
             self._job_health(placement, by_id, now)
 
-    def advisory(self, advisory: JobAdvisory, now: float) -> None:
-        """Checkpoint advice from an agent: straight to the job's owner, or nowhere."""
+    def advisory(self, advisory: JobAdvisory | ValidationNotice, now: float) -> None:
+        """Advice or notice from an agent for one job: straight to its owner, or nowhere.
+
+        Agents speak of jobs in the tenant's terms already (ranks, a reason class,
+        a pause length), so nothing is stripped here.
+        """
         placement = self.placements.get(advisory.job)
         if self.cfg.mode is Mode.NONE or placement is None:
             return  # a job we do not know of: no tenant to tell

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -156,6 +157,14 @@ def _render_gpus(result: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _age(since: float) -> str:
+    seconds = max(0.0, time.time() - since)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 def _render_health(result: dict[str, Any]) -> str:
     counts = result.get("gpu_counts", {})
     parts = [fields([
@@ -171,7 +180,7 @@ def _render_health(result: dict[str, Any]) -> str:
                                       ("message", "WHY")])]
     unhealthy = [g for g in result.get("gpus", []) if g["state"] != "healthy" or g["conditions"]]
     for gpu in unhealthy:
-        parts += ["", f"gpu {gpu['index']}: {gpu['state']} since {gpu['since']:.0f}: "
+        parts += ["", f"gpu {gpu['index']}: {gpu['state']} for {_age(gpu['since'])}: "
                       f"{gpu['why']} -> {gpu['action']}"]
         if gpu["conditions"]:
             parts.append(table(gpu["conditions"], [
@@ -179,6 +188,26 @@ def _render_health(result: dict[str, Any]) -> str:
                 ("message", "WHY")]))
     if not unhealthy:
         parts += ["", "every GPU is healthy"]
+    return "\n".join(parts)
+
+
+def _render_validations(result: dict[str, Any]) -> str:
+    parts = [fields([
+        ("running", ", ".join(result.get("running", [])) or "none"),
+        ("scheduled", ", ".join(result.get("scheduled", {})) or "none"),
+        ("requested", ", ".join(result.get("requested", [])) or "none"),
+        ("quarantined", ", ".join(f"gpu {q['gpu']} ({q['action']})"
+                                  for q in result.get("quarantined", [])) or "none"),
+    ])]
+    parts += [f"waiting: {key}: {why}" for key, why in result.get("waiting", {}).items()]
+    rows = [{**r, "when": time.strftime("%m-%d %H:%M:%S", time.localtime(r["started"]))}
+            for r in result.get("history", [])]
+    if rows:
+        parts += ["", table(rows, [
+            ("id", "ID"), ("when", "STARTED"), ("target", "TARGET"), ("level", "LEVEL"),
+            ("trigger", "TRIGGER"), ("outcome", "OUTCOME"), ("action", "ACTION"),
+            ("reason", "REASON"),
+        ])]
     return "\n".join(parts)
 
 
@@ -231,6 +260,15 @@ def _render_events(rows: list[dict[str, Any]]) -> str:
     ])
 
 
+def _render_jobs(rows: list[dict[str, Any]]) -> str:
+    return table([{"job": r["job"], "tenant": r["tenant"],
+                   "hosts": len({m["host_id"] for m in r["members"]}),
+                   "members": ", ".join(m["name"] for m in r["members"][:8])
+                   + (" ..." if len(r["members"]) > 8 else "")} for r in rows],
+                 [("job", "JOB"), ("tenant", "TENANT"), ("hosts", "HOSTS"),
+                  ("members", "MEMBERS")])
+
+
 def _render_simple(result: Any) -> str:
     if isinstance(result, dict):
         return fields(result.items())
@@ -243,12 +281,14 @@ AGENT_RENDERERS: dict[str, Renderer] = {
     "links": _render_links,
     "gpus": _render_gpus,
     "health": _render_health,
+    "validations": _render_validations,
 }
 CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "status": _render_controller_status,
     "hosts": _render_hosts,
     "capacity": _render_capacity,
     "events": _render_events,
+    "jobs": _render_jobs,
 }
 
 
@@ -274,13 +314,38 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("gpus", parents=[common], help="GPU telemetry, counters, state and jobs")
     sub.add_parser("health", parents=[common],
                    help="why the host and each GPU are in their state, and what to do")
-    drain = sub.add_parser("drain", parents=[common], help="withdraw this host from capacity")
+    drain = sub.add_parser("drain", parents=[common],
+                           help="withdraw this host (or one GPU, --gpu) from capacity")
     drain.add_argument("--reason", default="drained by operator")
+    drain.add_argument("--gpu", type=int, help="drain only this GPU (quarantine it)")
+    validate = sub.add_parser("validate", parents=[common],
+                              help="validate a GPU (--gpu N) or the host (--host)")
+    target = validate.add_mutually_exclusive_group(required=True)
+    target.add_argument("--gpu", type=int)
+    target.add_argument("--host", action="store_true")
+    validate.add_argument("--level", type=int, choices=(1, 2, 3))
+    validations = sub.add_parser("validations", parents=[common],
+                                 help="validation history and what is running or waiting")
+    validations.add_argument("--limit", type=int, default=20)
+    release = sub.add_parser("release", parents=[common],
+                             help="validate a quarantined GPU and release it if it passes")
+    release.add_argument("--gpu", type=int, required=True)
+    release.add_argument("--force", action="store_true", help="release without validating")
+    declare = sub.add_parser("declare", parents=[common],
+                             help="set a job's declaration on this host from a JSON file")
+    declare.add_argument("file", type=argparse.FileType("r"))
     sub.add_parser("undrain", parents=[common], help="return this host to capacity")
     sub.add_parser("reload", parents=[common], help="make the agent re-read its configuration")
     sub.add_parser("hosts", parents=[common], help="(controller) every known host")
     sub.add_parser("capacity", parents=[common], help="(controller) tenant-visible capacity")
     events = sub.add_parser("events", parents=[common], help="(controller) recent host events")
+    sub.add_parser("jobs", parents=[common], help="(controller) jobs' placements")
+    place = sub.add_parser("place", parents=[common],
+                           help="(controller) record a job's placement from a JSON file: "
+                           '{"job", "tenant", "members": [{"name", "host"}]}')
+    place.add_argument("file", type=argparse.FileType("r"))
+    unplace = sub.add_parser("unplace", parents=[common], help="(controller) forget a job")
+    unplace.add_argument("job")
     events.add_argument("--limit", type=int, default=50)
     sub.add_parser("help", parents=[common], help="commands the server offers")
     return parser
@@ -288,10 +353,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.command == "drain":
-        return {"reason": ns.reason}
+        return {"reason": ns.reason, **({"gpu": ns.gpu} if ns.gpu is not None else {})}
     if ns.command == "events":
         return {"limit": ns.limit}
+    if ns.command == "validate":
+        args: dict[str, Any] = {"host": True} if ns.host else {"gpu": ns.gpu}
+        return {**args, **({"level": ns.level} if ns.level else {})}
+    if ns.command == "validations":
+        return {"limit": ns.limit}
+    if ns.command == "release":
+        return {"gpu": ns.gpu, "force": ns.force}
+    if ns.command == "declare":
+        return {"declaration": _json_file(ns.file)}
+    if ns.command == "place":
+        placement = _json_file(ns.file)
+        if not isinstance(placement, dict):
+            raise SystemExit(f"harmonctl: {ns.file.name}: expected a JSON object")
+        return placement
+    if ns.command == "unplace":
+        return {"job": ns.job}
     return {}
+
+
+def _json_file(file: Any) -> Any:
+    try:
+        return json.load(file)
+    except ValueError as exc:
+        raise SystemExit(f"harmonctl: {file.name}: not JSON: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -273,8 +273,19 @@ class Goodbye(Message):
     reason: Text = ""
 
 
-AGENT_KINDS = frozenset(
-    {"hello", "heartbeat", "host-summary", "host-event", "job-advisory", "goodbye"})
+@message("validation-notice", Category.EVENT)
+@dataclass(frozen=True)
+class ValidationNotice(Message):
+    """A member of the job will pause for validation: when and for how long, nothing else."""
+
+    job: Ident
+    members: Annotated[tuple[Ident, ...], Len(64)]
+    pause_seconds: Annotated[int, Num(0, 86400)]
+    starts_at: Timestamp
+
+
+AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "job-advisory",
+                         "validation-notice", "goodbye"})
 
 # --- controller -> agent -------------------------------------------------------------
 
@@ -295,7 +306,17 @@ class Resync(Message):
     reason: Text = ""
 
 
-CONTROLLER_KINDS = frozenset({"ack", "resync"})
+@message("job-declaration", Category.CONTROL)
+@dataclass(frozen=True)
+class JobDeclaration(Message):
+    """What a tenant allows the provider to do to one job, declared ahead of time."""
+
+    job: Ident
+    #: Seconds a member of the job may pause for hardware validation; 0: never.
+    max_validation_pause: Annotated[float, Num(0.0, 86400.0)] = 0.0
+
+
+CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration"})
 
 # --- controller -> tenant feed -------------------------------------------------------
 
@@ -331,7 +352,7 @@ class JobHealth(Message):
     revision: Count = 0
 
 
-FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health"})
+FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice"})
 
 # --- envelope and codec --------------------------------------------------------------
 

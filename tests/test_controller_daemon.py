@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 from pathlib import Path
 
 import msgpack
@@ -15,7 +16,7 @@ from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.tenant import FeedClient
 from tests.conftest import needs_root
-from tests.daemons import start_agent, start_controller, wait_until
+from tests.daemons import python, start_agent, start_controller, wait_until
 
 pytestmark = [pytest.mark.foundation, needs_root]
 
@@ -165,3 +166,27 @@ def test_admin_socket_rejects_garbage_and_keeps_serving(spawn, workdir: Path) ->
     assert [r["ok"] for r in replies] == [False, False]
     assert "limit must be" in replies[0]["error"]
     assert controller.request("status")["admin_socket"]["errors"] == 2
+
+
+def test_harmonctl_places_lists_and_forgets_jobs(spawn, workdir: Path) -> None:
+    controller = start_controller(spawn, workdir)
+
+    def harmonctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(python("harmonaize.harmonctl", "-C", str(controller.admin), *args),
+                              capture_output=True, text=True, timeout=30)
+
+    placement = workdir / "job.json"
+    placement.write_text(json.dumps({"job": "job-9", "tenant": "acme", "members": [
+        {"name": "0", "host": "h1"}, {"name": "1", "host": "h2"}]}))
+    assert harmonctl("place", str(placement)).returncode == 0
+    listed = harmonctl("jobs")
+    assert listed.returncode == 0, listed.stderr
+    table = listed.stdout
+    assert "job-9" in table and "acme" in table and "0, 1" in table
+    bad = workdir / "bad.json"
+    bad.write_text(json.dumps({"job": "job-10", "tenant": "acme", "members": []}))
+    refused = harmonctl("place", str(bad))
+    assert refused.returncode == 1 and "members" in refused.stderr
+    assert harmonctl("unplace", "job-9").returncode == 0
+    assert json.loads(harmonctl("--json", "jobs").stdout) == []
+    assert "placed job" in harmonctl("unplace", "job-9").stderr

@@ -252,3 +252,16 @@ def test_gpu_class_from_the_model_name() -> None:
     assert gpu_class_of("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
     assert gpu_class_of("Tesla V100-SXM2-32GB") == "V100-SXM2-32GB"
     assert gpu_class_of("") == "unknown"
+
+
+def test_a_pass_acknowledges_old_evidence_but_not_new() -> None:
+    e = engine(sbe_per_minute=60)
+    e.step(sample(counters(ecc_sbe_volatile=0)), 0.0)
+    assert state(e.step(sample(counters(ecc_sbe_volatile=100)), 1.0)) is GpuState.SUSPECT
+    e.begin_validation(0, 2.0)
+    e.end_validation(0, passed=True, why="burn test passed", now=3.0)
+    # The same hundred errors, still inside the minute: already judged.
+    assert state(e.step(sample(counters(ecc_sbe_volatile=100)), 4.0)) is GpuState.HEALTHY
+    assert state(e.step(sample(counters(ecc_sbe_volatile=120)), 5.0)) is GpuState.HEALTHY
+    # Errors that keep coming after the pass count again.
+    assert state(e.step(sample(counters(ecc_sbe_volatile=200)), 6.0)) is GpuState.SUSPECT

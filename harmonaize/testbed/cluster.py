@@ -146,11 +146,18 @@ class TestCluster:
         cfg = self.workdir / f"{host}.toml"
         gpu_section = "[observers.gpu]\nenabled = false\n"
         env = dict(os.environ)
+        validation = ""
         if gpus:
             fake = self.gpus.get(host) or FakeNvml(self.workdir / f"{host}.gpus", gpus=gpus)
             self.gpus[host] = fake
             env[STATE_ENV] = str(fake.path)
             gpu_section = f'[observers.gpu]\nnvml_library = "{library_path()}"\n'
+            # A burn test with this GPU class's baseline, as an operator would configure.
+            validation = (
+                "[validation]\nnotice_lead = 2\n[[validation.commands]]\nname = \"burn\"\n"
+                f'command = ["{sys.executable}", "-m", "harmonaize.testbed.burn", "{{gpu}}"]\n'
+                'parser = "metrics"\nbudget = 30\nbaselines = { tflops = 989 }\n'
+            )
         cfg.write_text(
             "[agent]\n"
             f'host_id = "{host}"\n'
@@ -159,7 +166,7 @@ class TestCluster:
             f'path = "{self.socket(host)}"\n'
             "[controller]\n"
             f'endpoint = "tcp://{self.lab.addr("controller")}:{AGENT_PORT}"\n'
-            + self.agent_overrides + gpu_section + extra
+            + self.agent_overrides + gpu_section + validation + extra
         )
         proc = self.lab.popen(
             host, [sys.executable, "-m", "agent.main", "-c", str(cfg)], log=self.log(host),

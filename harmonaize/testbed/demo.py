@@ -93,6 +93,21 @@ def scenario(cluster: TestCluster) -> None:
     cluster.start_agent("h2")
     tenant.wait_for(capacity_is(2, 0), 20, "h2 back", on_message=show_tenant)
 
+    say("gpu 2 on h1 starts throwing single-bit ECC errors: suspect -> validating -> ...")
+    cluster.gpus["h1"].set(2, ecc_sbe_volatile=400)
+    began = time.monotonic()
+    while time.monotonic() - began < 20:
+        rows = cluster.agent_request("h1", "validations")["history"]
+        if rows and rows[0]["finished"]:
+            break
+        time.sleep(0.2)
+    print(indent(cluster.harmonctl("h1", "validations")), flush=True)
+    print(indent(cluster.harmonctl("h1", "health")), flush=True)
+    say("the tenant sees only the capacity change: no host, GPU, check or value")
+    tenant.wait_for(lambda m: m.get("kind") == "pool-capacity"
+                    and m["body"]["gpus_available"]["lo"] == 8, 20, "capacity to fall",
+                    on_message=show_tenant)
+
     say("killing h1's agent with SIGKILL: no goodbye, the controller notices missed heartbeats")
     began = time.monotonic()
     cluster.stop_agent("h1", signal.SIGKILL)

@@ -1,0 +1,1 @@
+"""Proactive validation: checks, the baseline rule, planning, running, history."""
