@@ -29,6 +29,7 @@ from harmonaize.messages import (
     JobDeclaration,
     Message,
     Resync,
+    TuningDecision,
     WireError,
     decode,
     encode,
@@ -47,6 +48,7 @@ class Uplink:
         *,
         on_resync: Callable[[], None] | None = None,
         on_declaration: Callable[[JobDeclaration], None] | None = None,
+        on_decision: Callable[[TuningDecision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
@@ -54,6 +56,7 @@ class Uplink:
         self._hello = hello
         self._on_resync = on_resync
         self._on_declaration = on_declaration
+        self._on_decision = on_decision
         self._clock = clock
         self._started = clock()
         self.outbox = Outbox(limit=cfg.outbox_limit, ack_timeout=cfg.ack_timeout)
@@ -134,6 +137,8 @@ class Uplink:
                 self._on_resync()
         elif isinstance(body, JobDeclaration) and self._on_declaration is not None:
             self._on_declaration(body)
+        elif isinstance(body, TuningDecision) and self._on_decision is not None:
+            self._on_decision(body)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

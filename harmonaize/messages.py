@@ -284,8 +284,34 @@ class ValidationNotice(Message):
     starts_at: Timestamp
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far one communicator is on this host: collectives done, and their rate."""
+
+    comm: Count
+    collectives: Count
+    per_second: Annotated[float, Num(0.0, 1e9)] = 0.0
+
+
+@message("tuning-proposal", Category.EVENT)
+@dataclass(frozen=True)
+class TuningProposal(Message):
+    """What one host of a multi-host job would choose, and how far its communicators are.
+
+    ``progress`` gives, per communicator, the collectives completed and the
+    rate (per second), so the controller can set an activation point that no
+    rank has passed yet.
+    """
+
+    job: Ident
+    choice: Ident
+    #: How strongly this host wants it (0: calm ... 2: heavily congested).
+    severity: Annotated[int, Num(0, 2)]
+    progress: Annotated[tuple[Progress, ...], Len(32)] = ()
+
+
 AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "job-advisory",
-                         "validation-notice", "goodbye"})
+                         "validation-notice", "tuning-proposal", "goodbye"})
 
 # --- controller -> agent -------------------------------------------------------------
 
@@ -306,17 +332,125 @@ class Resync(Message):
     reason: Text = ""
 
 
+class Collective(StrEnum):
+    """NCCL's collectives, as a tenant names them in a declaration."""
+
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    ALLREDUCE = "allreduce"
+
+
+class Algorithm(StrEnum):
+    TREE = "tree"
+    RING = "ring"
+    COLLNET_DIRECT = "collnet-direct"
+    COLLNET_CHAIN = "collnet-chain"
+    NVLS = "nvls"
+    NVLS_TREE = "nvls-tree"
+    PAT = "pat"
+
+
+class Protocol(StrEnum):
+    LL = "ll"
+    LL128 = "ll128"
+    SIMPLE = "simple"
+
+
+Channels = Annotated[int, Num(1, 64)]
+Bytes = Annotated[int, Num(0, 2**62)]
+
+
+@dataclass(frozen=True)
+class TuningRange:
+    """For some collectives and a message-size band, what the provider may choose from.
+
+    The provider only ever picks among entries NCCL itself enabled, and only
+    lowers the channel count NCCL chose; this narrows that further.
+    """
+
+    collectives: Annotated[tuple[Collective, ...], Len(5, min_len=1)]
+    algorithms: Annotated[tuple[Algorithm, ...], Len(7, min_len=1)]
+    protocols: Annotated[tuple[Protocol, ...], Len(3, min_len=1)]
+    #: Message sizes ``min_bytes <= n < max_bytes``.
+    min_bytes: Bytes = 0
+    max_bytes: Bytes = 2**62
+    min_channels: Channels = 1
+    max_channels: Channels = 64
+
+    def __post_init__(self) -> None:
+        if self.max_bytes <= self.min_bytes:
+            raise ValueError("max_bytes must be above min_bytes")
+        if self.max_channels < self.min_channels:
+            raise ValueError("max_channels must be at least min_channels")
+        for name in ("collectives", "algorithms", "protocols"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a value twice")
+
+
+Port = Annotated[int, Num(1, 65535)]
+Dscp = Annotated[int, Num(0, 63)]
+
+
+@dataclass(frozen=True)
+class BulkTraffic:
+    """A job's bulk traffic (checkpoints, data loading) and the bandwidth it always keeps."""
+
+    #: Megabits per second per host the bulk class keeps on a congested link.
+    floor_mbps: Annotated[float, Num(0.0, 10_000_000.0)] = 0.0
+    #: Remote TCP ports of bulk transfers (object store, NFS, ...).
+    ports: Annotated[tuple[Port, ...], Len(32)] = ()
+    #: DSCP values the job marks its bulk traffic with.
+    dscp: Annotated[tuple[Dscp, ...], Len(64)] = ()
+
+
 @message("job-declaration", Category.CONTROL)
 @dataclass(frozen=True)
 class JobDeclaration(Message):
-    """What a tenant allows the provider to do to one job, declared ahead of time."""
+    """What a tenant allows the provider to do to one job, declared ahead of time.
+
+    Tenants send it to the controller, which checks that the job is theirs and
+    forwards it to the agents hosting the job; an operator may set one on a
+    single host with ``harmonctl declare``.
+    """
 
     job: Ident
     #: Seconds a member of the job may pause for hardware validation; 0: never.
     max_validation_pause: Annotated[float, Num(0.0, 86400.0)] = 0.0
+    #: Ranges the provider may retune NCCL within; none: NCCL's own choices.
+    tuning: Annotated[tuple[TuningRange, ...], Len(32)] = ()
+    bulk: BulkTraffic | None = None
+    #: Increases with each new declaration of the job (the newest wins).
+    revision: Count = 0
 
 
-CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration"})
+@dataclass(frozen=True)
+class Activation:
+    #: NCCL's communicator id (the same on every rank).
+    comm: Count
+    #: The collective index from which the decision applies on that communicator.
+    at: Count
+
+
+@message("tuning-decision", Category.CONTROL)
+@dataclass(frozen=True)
+class TuningDecision(Message):
+    """The policy every host of a multi-host job publishes, and when it takes effect.
+
+    ``choice`` names one of the policies the agents derive identically from the
+    job's declaration; ``activations`` gives, per NCCL communicator, the
+    collective index from which it applies, so every rank switches at once.
+    """
+
+    job: Ident
+    choice: Ident
+    decision: Count
+    activations: Annotated[tuple[Activation, ...], Len(32)] = ()
+
+
+CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-decision"})
 
 # --- controller -> tenant feed -------------------------------------------------------
 

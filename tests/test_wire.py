@@ -29,7 +29,11 @@ SAMPLES: list[m.Message] = [
     m.Goodbye("stopping"),
     m.ValidationNotice("job-7", ("3",), 120, 1_700_000_030.0),
     m.Ack(41),
-    m.JobDeclaration("job-7", 300.0),
+    m.JobDeclaration("job-7", 300.0, (m.TuningRange(
+        (m.Collective.ALLREDUCE,), (m.Algorithm.RING, m.Algorithm.TREE),
+        (m.Protocol.SIMPLE,), 1 << 20, 1 << 30, 2, 16),), m.BulkTraffic(1000.0, (443,), (8,)), 2),
+    m.TuningDecision("job-7", "congested", 4, (m.Activation(17, 12_000),)),
+    m.TuningProposal("job-7", "congested", 2, (m.Progress(17, 11_500, 40.0),)),
     m.Resync("who are you"),
     m.PoolCapacity("p1", "H200", m.Bucket(4, 7), m.Bucket(0, 0), m.Bucket(32, 63),
                    m.Trend.RISING, 3),
