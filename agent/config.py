@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar
 
 from agent.gpu.actions import Action
 from harmonaize import config
-from harmonaize.config import AbsPath, Endpoint, LogLevel
+from harmonaize.config import AbsPath, Endpoint, LogLevel, OptionalPath
 from harmonaize.schema import Fraction, Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/agent.toml")
@@ -59,6 +59,13 @@ class ControllerSection:
     #: Unacknowledged messages kept while the controller is away; oldest
     #: events are dropped (and counted) beyond this, conditions never are.
     outbox_limit: Annotated[int, Num(10, 1_000_000)] = 10_000
+    #: This host's CurveZMQ key pair, filed at the controller under the host id.
+    secret_key: OptionalPath = "/etc/harmonaize/keys/agent.key_secret"
+    #: The controller's public key; empty connects without CurveZMQ (only to a
+    #: controller with auth.mode = "none").
+    server_key: OptionalPath = "/etc/harmonaize/keys/controller.key"
+    #: Keep unacknowledged events in ``state_dir`` so they survive an agent restart.
+    spool: bool = True
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from agent.health import HealthStep, HostHealthEngine, Republisher
 from agent.observers import ObserverSet
 from agent.observers.links import LinksObserver, links_table
 from agent.observers.rdma import RdmaSample
+from agent.spool import Spool
 from agent.uplink import Uplink
 from agent.validation.service import ValidationService
-from harmonaize import __version__
+from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
 from harmonaize.messages import (
     Hello,
@@ -107,6 +108,23 @@ class AgentDaemon:
             heartbeat=self.cfg.controller.heartbeat,
         )
 
+    def _uplink_keys(self) -> tuple[keys.KeyPair, bytes] | None:
+        section = self.cfg.controller
+        if not section.endpoint or not section.server_key:
+            if section.endpoint:
+                log.warning("connecting to the controller without CurveZMQ "
+                            "(controller.server_key is empty)")
+            return None
+        try:
+            return keys.load_pair(section.secret_key), keys.load_public(section.server_key)
+        except keys.KeyFileError as exc:
+            directory = Path(section.secret_key).parent
+            raise RuntimeError(
+                f"{exc} (make this host's pair with: harmonctl keygen --dir {directory} agent; "
+                f"then copy {directory}/agent.key to the controller as "
+                f"agents/{self.host_id}.key. Or set controller.server_key = \"\" for a "
+                "controller without authentication)") from None
+
     # --- lifecycle -----------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -117,6 +135,7 @@ class AgentDaemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # result is logged
         self.notifier.status("starting observers")
         Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
+        curve = self._uplink_keys()  # before anything starts: a missing key is fatal
         self.observers.start_all()
         await self.opsocket.start()
         if self.cfg.validation.enabled:
@@ -128,10 +147,16 @@ class AgentDaemon:
         self._step(time.time())  # the first summary (and GPU count) before the hello
         if self.cfg.controller.endpoint:
             self._ctx = zmq.asyncio.Context()
+            spool = (Spool(Path(self.cfg.agent.state_dir) / "spool.db", self.host_id)
+                     if self.cfg.controller.spool else None)
             self.uplink = Uplink(
                 self._ctx, self.cfg.controller, self.host_id, self._hello,
                 on_resync=self.republisher.force, on_declaration=self._declared,
+                spool=spool, curve=curve,
             )
+            if self.uplink.outbox.restored:
+                log.info("resending %d events a previous run left unacknowledged",
+                         self.uplink.outbox.restored)
             self.uplink.connect()
             self.republisher.force()
             self._step(time.time())
@@ -293,9 +318,17 @@ class AgentDaemon:
             self.uplink.publish(message)
 
     def _declared(self, declaration: JobDeclaration) -> None:
+        if declaration.withdrawn:
+            if self.declarations.pop(declaration.job, None) is not None:
+                log.info("job %s: declaration withdrawn", declaration.job)
+            return
+        known = self.declarations.get(declaration.job)
+        if known is not None and known.revision > declaration.revision:
+            return  # an older one, resent after a reconnect: the newer stands
         self.declarations[declaration.job] = declaration
-        log.info("job %s declares: validation pauses up to %g s", declaration.job,
-                 declaration.max_validation_pause)
+        log.info("job %s declares (revision %d): validation pauses up to %g s, %d tuning "
+                 "ranges", declaration.job, declaration.revision,
+                 declaration.max_validation_pause, len(declaration.tuning))
 
     def _pause_allowance(self, job: str) -> float:
         declaration = self.declarations.get(job)

@@ -8,14 +8,28 @@ unsent older one of the same kind, and when the queue is full the oldest
 unsent *event* is dropped and counted. Sent but unacknowledged messages are
 resent, oldest first, after ``ack_timeout`` (go-back-N), because the
 controller only accepts the next sequence number in order.
+
+With a :class:`~agent.spool.Spool`, events also wait on disk until they are
+acknowledged (or dropped), and a new run starts with the previous run's
+unacknowledged events at the head of its queue.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from harmonaize.messages import Category, Message
+
+if TYPE_CHECKING:
+    from agent.spool import Spool
+
+
+@dataclass
+class _Queued:
+    body: Message
+    spool_id: int | None = None
 
 
 @dataclass
@@ -23,19 +37,28 @@ class _InFlight:
     seq: int
     body: Message
     sent_at: float
+    spool_id: int | None = None
 
 
 class Outbox:
-    def __init__(self, *, limit: int, ack_timeout: float, window: int = 1000) -> None:
+    def __init__(self, *, limit: int, ack_timeout: float, window: int = 1000,
+                 spool: Spool | None = None) -> None:
         self.limit = limit
         self.ack_timeout = ack_timeout
         self.window = window
-        self._queued: deque[Message] = deque()
+        self.spool = spool
+        self._queued: deque[_Queued] = deque()
         self._in_flight: deque[_InFlight] = deque()
         self.next_seq = 1
         self.acked = 0
         self.dropped = 0
         self.resent = 0
+        #: Events carried over from the previous run.
+        self.restored = 0
+        if spool is not None:
+            for spool_id, body in spool.load():
+                self._queued.append(_Queued(body, spool_id))
+                self.restored += 1
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._in_flight)
@@ -45,21 +68,26 @@ class Outbox:
         return self.next_seq - 1
 
     def add(self, body: Message) -> None:
+        spool_id = None
         if body.CATEGORY is Category.CONDITION:
             # The new condition says everything the unsent older one said.
             for i, queued in enumerate(self._queued):
-                if queued.KIND == body.KIND:
+                if queued.body.KIND == body.KIND:
                     del self._queued[i]
                     break
-        self._queued.append(body)
+        elif body.CATEGORY is Category.EVENT and self.spool is not None:
+            spool_id = self.spool.add(body)
+        self._queued.append(_Queued(body, spool_id))
         while len(self) > self.limit and self._drop_oldest_event():
             pass
 
     def _drop_oldest_event(self) -> bool:
         for i, queued in enumerate(self._queued):
-            if queued.CATEGORY is Category.EVENT:
+            if queued.body.CATEGORY is Category.EVENT:
                 del self._queued[i]
                 self.dropped += 1
+                if queued.spool_id is not None and self.spool is not None:
+                    self.spool.remove([queued.spool_id])
                 return True
         return False
 
@@ -77,8 +105,8 @@ class Outbox:
         """Sequence the next queued message for sending, if the window allows."""
         if not self._queued or len(self._in_flight) >= self.window:
             return None
-        body = self._queued.popleft()
-        item = _InFlight(self.next_seq, body, now)
+        queued = self._queued.popleft()
+        item = _InFlight(self.next_seq, queued.body, now, queued.spool_id)
         self.next_seq += 1
         self._in_flight.append(item)
         return item.seq, item.body
@@ -88,14 +116,19 @@ class Outbox:
         if self._in_flight and self._in_flight[-1].seq == seq:
             item = self._in_flight.pop()
             self.next_seq -= 1
-            self._queued.appendleft(item.body)
+            self._queued.appendleft(_Queued(item.body, item.spool_id))
 
     def ack(self, seq: int) -> None:
         if seq > self.last_sent:
             return  # an ack for what we never sent (stale controller state): ignore
         self.acked = max(self.acked, seq)
+        done = []
         while self._in_flight and self._in_flight[0].seq <= seq:
-            self._in_flight.popleft()
+            item = self._in_flight.popleft()
+            if item.spool_id is not None:
+                done.append(item.spool_id)
+        if done and self.spool is not None:
+            self.spool.remove(done)
 
     def rewind(self, now: float) -> None:
         """Make everything in flight due at once (the controller asked to resync)."""

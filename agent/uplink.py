@@ -20,6 +20,8 @@ import zmq.asyncio
 
 from agent.config import ControllerSection
 from agent.outbox import Outbox
+from agent.spool import Spool
+from harmonaize import keys
 from harmonaize.messages import (
     CONTROLLER_KINDS,
     Ack,
@@ -50,6 +52,8 @@ class Uplink:
         on_declaration: Callable[[JobDeclaration], None] | None = None,
         on_decision: Callable[[TuningDecision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        spool: Spool | None = None,
+        curve: tuple[keys.KeyPair, bytes] | None = None,
     ) -> None:
         self.cfg = cfg
         self.host_id = host_id
@@ -59,8 +63,11 @@ class Uplink:
         self._on_decision = on_decision
         self._clock = clock
         self._started = clock()
-        self.outbox = Outbox(limit=cfg.outbox_limit, ack_timeout=cfg.ack_timeout)
+        self.outbox = Outbox(limit=cfg.outbox_limit, ack_timeout=cfg.ack_timeout, spool=spool)
         self._sock = ctx.socket(zmq.DEALER)
+        if curve is not None:
+            keys.curve_client(self._sock, *curve)
+        self.authenticated = curve is not None
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -163,6 +170,8 @@ class Uplink:
         except zmq.ZMQError:
             pass
         self._sock.close()
+        if self.outbox.spool is not None:
+            self.outbox.spool.close()
 
     def status(self) -> dict[str, Any]:
         now = self._clock()
@@ -176,6 +185,8 @@ class Uplink:
             "queued": self.outbox.queued,
             "in_flight": self.outbox.in_flight,
             "dropped_events": self.outbox.dropped,
+            "restored_events": self.outbox.restored,
+            "curve": self.authenticated,
             "resent": self.outbox.resent,
             "resyncs": self.resyncs,
             "rejected_frames": self.rejected,

@@ -22,6 +22,7 @@ from bench.common import daemon, free_port, percentile, scratch
 from harmonaize.messages import PoolCapacity
 from harmonaize.opsocket import request
 from harmonaize.tenant import FeedClient
+from harmonaize.testbed.keyring import Keyring
 
 
 def main() -> int:
@@ -29,6 +30,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1000)
     args = parser.parse_args()
     with scratch() as work:
+        keyring = Keyring(work / "keys")  # authenticated, as in production
+        tenant_keys = keyring.tenant("bench")
         listen, feed = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
         ctl_cfg = work / "controller.toml"
         ctl_cfg.write_text(
@@ -37,6 +40,7 @@ def main() -> int:
             'log_level = "warning"\n'
             # One host, and no deliberate delay: this measures the pipeline itself.
             "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
+            + keyring.controller_config()
         )
         agent_cfg = work / "agent.toml"
         agent_sock = work / "agent.sock"
@@ -44,11 +48,13 @@ def main() -> int:
             f'[agent]\nhost_id = "bench-host"\nstate_dir = "{work / "state"}"\n'
             'log_level = "warning"\n'
             f'[socket]\npath = "{agent_sock}"\n[controller]\nendpoint = "{listen}"\n'
+            + keyring.agent_config("bench-host")
         )
         with (
             daemon("controller.main", ctl_cfg, work / "controller.log", work / "controller.sock"),
             daemon("agent.main", agent_cfg, work / "agent.log", agent_sock),
-            FeedClient(feed, ["pool/"]) as tenant,
+            FeedClient(feed, ["pool/"], key=tenant_keys.key,
+                       server_key=tenant_keys.server_key) as tenant,
         ):
             first = tenant.recv(timeout=30)
             if first is None:

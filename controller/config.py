@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -42,6 +43,23 @@ class FeedSection:
     republish: Annotated[float, Num(0.5, 3600.0)] = 10.0
     #: Messages queued per subscriber before a slow one starts losing them.
     send_hwm: Annotated[int, Num(10, 10_000_000)] = 10_000
+    #: Messages kept per topic for tenants that resume or saw a gap.
+    retention: Annotated[int, Num(1, 1_000_000)] = 1000
+    #: Seconds within which a tenant must renew its subscription (clients do it at a third).
+    renew: Annotated[float, Num(1.0, 3600.0)] = 30.0
+
+
+class AuthMode(StrEnum):
+    CURVE = "curve"  # agents and tenants authenticate with CurveZMQ keys
+    NONE = "none"    # no authentication: pool topics only, no job topics or requests
+
+
+@dataclass(frozen=True)
+class AuthSection:
+    STRICT_KEYS: ClassVar[bool] = True
+    mode: AuthMode = AuthMode.CURVE
+    #: controller.key_secret, agents/<host>.key and tenants/<tenant>.key live here.
+    keys_dir: AbsPath = "/etc/harmonaize/keys"
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,7 @@ class ControllerConfig:
     liveness: LivenessSection = field(default_factory=LivenessSection)
     feed: FeedSection = field(default_factory=FeedSection)
     redaction: RedactionConfig = field(default_factory=RedactionConfig)
+    auth: AuthSection = field(default_factory=AuthSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

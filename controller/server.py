@@ -1,11 +1,18 @@
 """The controller's daemon shell: sockets, batching, persistence, publication.
 
 Agents talk to a ROUTER socket; every batch of frames is applied to the
-sans-I/O :class:`Cluster`, committed to SQLite, and only then acknowledged.
-What tenants may see comes from :class:`Redactor` (aggregation and
-redaction, shared with the simulator) and goes out on an XPUB socket, which
-also tells us when someone subscribes so that a late joiner gets the current
-conditions at once.
+sans-I/O :class:`Cluster`, and what tenants may see is worked out by the
+:class:`Redactor` (aggregation and redaction, shared with the simulator).
+The batch's state *and* its publications (numbered per topic, kept in a
+bounded feed log) are committed to SQLite in one transaction; only then are
+agents acknowledged and tenants sent the publications. So nothing an agent
+was told is stored can be lost for a tenant: one that missed it resumes from
+its last sequence number.
+
+Tenants talk to a second ROUTER socket: they subscribe (access-controlled by
+:mod:`controller.feed`, identity from their CurveZMQ key), renew, resume, and
+send declarations. Each subscriber has its own bounded queue in ZeroMQ; a
+full one loses messages (counted per subscriber) instead of slowing others.
 """
 
 from __future__ import annotations
@@ -25,16 +32,25 @@ from typing import Annotated, Any, ClassVar
 import zmq
 import zmq.asyncio
 
+from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
 from controller.cluster import Cluster
-from controller.config import ControllerConfig
+from controller.cluster import Reply as ClusterReply
+from controller.config import AuthMode, ControllerConfig
+from controller.feed import FeedHub, Subscriber
 from controller.redaction import Member, Placement, Redactor
 from controller.store import Store
-from harmonaize import __version__
+from harmonaize import __version__, keys
 from harmonaize.messages import (
     AGENT_KINDS,
     MAX_FRAME,
+    TENANT_KINDS,
+    Category,
+    Hello,
+    JobDeclaration,
     Message,
     PoolCapacity,
+    Reply,
+    Subscribe,
     WireError,
     decode,
     encode,
@@ -51,7 +67,8 @@ BATCH = 2000
 #: Rejected frames logged per window; all of them are counted.
 REJECT_LOG_BURST = 10
 REJECT_LOG_WINDOW = 10.0
-EVENT_PRUNE_INTERVAL = 3600.0
+#: Seconds between prunings of old host events and of the feed log beyond its retention.
+FEED_PRUNE_INTERVAL = 60.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,15 @@ class ControllerServer:
         #: traffic on topics it cannot see.
         self.feed_seqs = self.store.load_feed_seqs()
         self._feed_dirty: dict[str, int] = {}
+        #: Publications committed with the next batch, then sent: (topic, seq, condition, frame).
+        self._feed_log: list[tuple[str, int, bool, bytes]] = []
+        self._outgoing: list[tuple[str, bytes]] = []
+        #: Each topic's newest condition (seq, frame): for late joiners and republication.
+        self.latest = self.store.latest_conditions()
+        self.hub = FeedHub(renew=cfg.feed.renew)
+        #: Declarations by job: (tenant, declaration).
+        self.declarations: dict[str, tuple[str, JobDeclaration]] = {
+            d.job: (tenant, d) for tenant, d in self.store.load_declarations()}
         self.frames = 0
         self.rejected: Counter[str] = Counter()
         self.feed_stats: Counter[str] = Counter()
@@ -93,7 +119,8 @@ class ControllerServer:
         self._ctx = zmq.asyncio.Context()
         self._stop = asyncio.Event()
         self.router: zmq.asyncio.Socket | None = None
-        self.xpub: zmq.asyncio.Socket | None = None
+        self.tenants: zmq.asyncio.Socket | None = None
+        self.zap: ZapHandler | None = None
         self.admin = OperatorSocket(
             cfg.controller.admin_socket,
             self._commands(),
@@ -104,25 +131,48 @@ class ControllerServer:
     # --- lifecycle -----------------------------------------------------------------------
 
     def _bind(self) -> None:
+        auth = self.cfg.auth
+        pair = None
+        if auth.mode is AuthMode.CURVE:
+            keys_dir = Path(auth.keys_dir)
+            try:
+                pair = keys.load_pair(keys_dir / f"controller{keys.SECRET_SUFFIX}")
+            except keys.KeyFileError as exc:
+                raise RuntimeError(
+                    f"{exc} (make one with: harmonctl keygen --dir {keys_dir} controller; "
+                    "or set auth.mode = \"none\")") from None
+            self.zap = ZapHandler(self._ctx, {AGENTS: AllowList(keys_dir / AGENTS),
+                                              TENANTS: AllowList(keys_dir / TENANTS)})
+        else:
+            log.warning("auth.mode = none: anyone who reaches %s may send host state, and "
+                        "tenants get pool topics only", self.cfg.controller.listen)
         self.router = self._ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         # ZeroMQ drops a peer that sends a frame larger than this before we see it.
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
+        if pair is not None:
+            curve_server(self.router, pair, AGENTS)
         self.router.bind(self.cfg.controller.listen)
-        self.xpub = self._ctx.socket(zmq.XPUB)
-        self.xpub.setsockopt(zmq.LINGER, 0)
-        self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)  # see every subscription, not just the first
-        self.xpub.setsockopt(zmq.SNDHWM, self.cfg.feed.send_hwm)
-        self.xpub.setsockopt(zmq.MAXMSGSIZE, 4096)  # subscriptions are short
-        self.xpub.bind(self.cfg.controller.feed)
+        self.tenants = self._ctx.socket(zmq.ROUTER)
+        self.tenants.setsockopt(zmq.LINGER, 0)
+        # Sending to a gone or full subscriber fails at once instead of vanishing.
+        self.tenants.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.tenants.setsockopt(zmq.SNDHWM, self.cfg.feed.send_hwm)
+        self.tenants.setsockopt(zmq.RCVHWM, 100)
+        self.tenants.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+        if pair is not None:
+            curve_server(self.tenants, pair, TENANTS)
+        self.tenants.bind(self.cfg.controller.feed)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         self._bind()
+        if self.zap is not None:
+            self.zap.start()
         await self.admin.start()
-        self._publish_changes()
+        self._flush_publications()
         self.notifier.ready(f"{len(self.cluster.hosts)} known hosts")
         log.info(
             "controller ready: agents on %s, feed on %s, %d known hosts",
@@ -148,9 +198,11 @@ class ControllerServer:
                     await task
             self._commit()
             await self.admin.close()
-            for sock in (self.router, self.xpub):
+            for sock in (self.router, self.tenants):
                 if sock is not None:
                     sock.close()
+            if self.zap is not None:
+                await self.zap.close()
             self._ctx.term()
             self.store.close()
             self.notifier.close()
@@ -170,27 +222,38 @@ class ControllerServer:
             replies = []
             for _ in range(BATCH):
                 try:
-                    frames = self.router.recv_multipart(flags=zmq.NOBLOCK).result()
+                    frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
                 except zmq.Again:
                     break
                 replies.extend(self._frame(frames, now))
+            self._publish_changes()  # staged: committed with the batch, sent after
             self._commit()
             for reply in replies:
                 self._send(reply.conn, reply.body)
-            self._publish_changes()
+            self._send_feed()
 
-    def _frame(self, frames: list[bytes], now: float) -> list[Any]:
+    def _frame(self, frames: list[zmq.Frame], now: float) -> list[Any]:
         self.frames += 1
         if len(frames) != 2:
             self._reject("framing", f"{len(frames) - 1} frames where one was expected")
             return []
-        conn, data = frames
+        conn, data = frames[0].bytes, frames[1].bytes
         try:
             envelope = decode(data, allowed=AGENT_KINDS)
         except WireError as exc:
             self._reject("invalid", str(exc))
             return []
-        return self.cluster.receive(conn, envelope, now)
+        if self.zap is not None:
+            # The key decides who a host is; the frame's sender must agree with it.
+            user = frames[1].get("User-Id")
+            if envelope.sender != user:
+                self._reject("identity", f"key of {user!r} used to speak for "
+                             f"{envelope.sender!r:.60}")
+                return []
+        replies = self.cluster.receive(conn, envelope, now)
+        if isinstance(envelope.body, Hello):
+            replies.extend(self._declarations_for(envelope.sender, conn))
+        return replies
 
     def _reject(self, reason: str, detail: str) -> None:
         self.rejected[reason] += 1
@@ -210,22 +273,53 @@ class ControllerServer:
     def _commit(self) -> None:
         records, events = self.cluster.take_dirty()
         if records or events or self._feed_dirty:
-            self.store.flush(records, events, self._feed_dirty)
+            self.store.flush(records, events, self._feed_dirty, self._feed_log)
             self._feed_dirty = {}
+            self._feed_log = []
 
     # --- feed ----------------------------------------------------------------------------
 
     def _publish(self, body: Message, topic: str) -> None:
-        assert self.xpub is not None
+        """Number, log and queue one publication; it goes out after the next commit."""
         seq = self.feed_seqs[topic] = self.feed_seqs.get(topic, 0) + 1
         self._feed_dirty[topic] = seq
         frame = encode(body, sender=SENDER, seq=seq)
-        with contextlib.suppress(zmq.Again):  # XPUB drops for slow subscribers, never blocks
-            self.xpub.send_multipart([topic.encode(), frame], flags=zmq.NOBLOCK)
+        condition = body.CATEGORY is Category.CONDITION
+        if condition:
+            self.latest[topic] = (seq, frame)
+        self._feed_log.append((topic, seq, condition, frame))
+        self._outgoing.append((topic, frame))
         self.feed_stats["published"] += 1
 
+    def _send_feed(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        for topic, frame in outgoing:
+            for sub in self.hub.targets(topic):
+                self._to_subscriber(sub, topic, frame)
+
+    def _to_subscriber(self, sub: Subscriber, topic: str, frame: bytes) -> None:
+        if self._to_tenant(sub.peer, topic.encode(), frame):
+            sub.sent += 1
+        elif sub.peer in self.hub.subscribers:
+            sub.dropped += 1
+            self.feed_stats["dropped"] += 1
+
+    def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> bool:
+        """Send without ever blocking; False if the peer's queue is full or it is gone."""
+        assert self.tenants is not None
+        try:
+            self.tenants.send_multipart([peer, topic, frame], flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self.hub.drop([peer])  # disconnected: it renews when it comes back
+                self.feed_stats["gone"] += 1
+            return False
+
     def _publish_changes(self) -> None:
-        """Feed the redactor what changed; publish whatever it lets out now."""
+        """Feed the redactor what changed; stage whatever it lets out now."""
         now = time.monotonic()
         advisories, self.cluster.advisories = self.cluster.advisories, []
         for advisory in advisories:
@@ -233,55 +327,143 @@ class ControllerServer:
         if self.cluster.changed:
             self.cluster.changed = False
             self.redactor.observe(self.cluster.views(), now)
-        publications = self.redactor.due(now)
-        for publication in publications:
+        for publication in self.redactor.due(now):
             body = publication.body
             if isinstance(body, PoolCapacity):
                 log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
                          body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
             self._publish(body, publication.topic)
-        if publications:
-            self._commit()  # feed sequence numbers must not go back after a restart
 
-    def _republish(self, prefix: str = "") -> None:
-        for publication in self.redactor.current(prefix):
-            self._publish(publication.body, publication.topic)
+    def _flush_publications(self) -> None:
+        self._publish_changes()
+        self._commit()
+        self._send_feed()
+
+    def _republish(self) -> None:
+        """Resend every condition as it was (same sequence number): a safety net only."""
+        for topic, (_, frame) in self.latest.items():
+            for sub in self.hub.targets(topic):
+                self._to_subscriber(sub, topic, frame)
 
     async def _feed_loop(self) -> None:
-        assert self.xpub is not None
+        assert self.tenants is not None
         while True:
-            frames = await self.xpub.recv_multipart()
-            message = frames[0] if frames else b""
-            if len(frames) != 1 or not message or message[0] not in (0, 1):
-                self.feed_stats["bad_subscription"] += 1
-                continue
-            try:
-                topic = message[1:].decode()
-            except UnicodeDecodeError:
-                self.feed_stats["bad_subscription"] += 1
-                continue
-            if message[0] == 1:
-                self.feed_stats["subscriptions"] += 1
-                self._republish(topic)  # a late joiner gets current conditions at once
-            else:
-                self.feed_stats["unsubscriptions"] += 1
+            frames = await self.tenants.recv_multipart(copy=False)
+            self._tenant_frame(frames)
+
+    def _tenant_frame(self, frames: list[zmq.Frame]) -> None:
+        self.feed_stats["requests"] += 1
+        if len(frames) != 2:
+            self.feed_stats["bad_request"] += 1
+            return
+        peer, data = frames[0].bytes, frames[1].bytes
+        tenant = frames[1].get("User-Id") if self.zap is not None else ""
+        try:
+            envelope = decode(data, allowed=TENANT_KINDS)
+        except WireError as exc:
+            self.feed_stats["bad_request"] += 1
+            self._answer(peer, Reply(0, False, f"rejected: {exc}"[:1000]))
+            return
+        body = envelope.body
+        if isinstance(body, Subscribe):
+            self._subscribe(peer, tenant, body)
+        elif isinstance(body, JobDeclaration):
+            error = self._declare(tenant, body)
+            self._answer(peer, Reply(envelope.seq, error is None, error or ""))
+
+    def _answer(self, peer: bytes, body: Message) -> None:
+        self._to_tenant(peer, b"", encode(body, sender=SENDER))
+
+    def _subscribe(self, peer: bytes, tenant: str, request: Subscribe) -> None:
+        new = peer not in self.hub.subscribers
+        result = self.hub.subscribe(peer, tenant, request, time.monotonic(), self.feed_seqs)
+        for refusal in result.reply.refused:
+            self.feed_stats["refused_subscriptions"] += 1
+            log.warning("refused tenant %r a subscription to %r: %s", tenant or "(no key)",
+                        refusal.topic, refusal.reason)
+        if new:
+            self.feed_stats["subscriptions"] += 1
+        self._answer(peer, result.reply)
+        sub = self.hub.subscribers.get(peer)
+        if sub is None:
+            return
+        for topic in result.conditions:  # a late joiner gets the present at once
+            latest = self.latest.get(topic)
+            if latest is not None:
+                self._to_subscriber(sub, topic, latest[1])
+        for topic, after in result.replay:  # a resumed one gets what it missed
+            self.feed_stats["replays"] += 1
+            for _, frame in self.store.replay(topic, after, self.cfg.feed.retention):
+                self._to_subscriber(sub, topic, frame)
 
     async def _tick_loop(self) -> None:
         next_republish = time.monotonic() + self.cfg.feed.republish
-        next_prune = time.monotonic() + EVENT_PRUNE_INTERVAL
+        next_prune = time.monotonic() + FEED_PRUNE_INTERVAL
         while True:
             await asyncio.sleep(self.cfg.liveness.check_interval)
             now = time.monotonic()
             for host_id in self.cluster.tick(now):
                 log.warning("host %s is down: %s", host_id, self.cluster.hosts[host_id].down_reason)
-            self._commit()
             self._publish_changes()  # also what the redactor held back until now
+            self._commit()
+            self._send_feed()
+            for sub in self.hub.expire(now):
+                self.feed_stats["lapsed"] += 1
+                log.info("tenant %r's subscription lapsed (not renewed)", sub.tenant)
             if now >= next_republish:
                 self._republish()
                 next_republish = now + self.cfg.feed.republish
             if now >= next_prune:
                 self.store.prune_events()
-                next_prune = now + EVENT_PRUNE_INTERVAL
+                self.store.prune_feed(self.cfg.feed.retention)
+                next_prune = now + FEED_PRUNE_INTERVAL
+
+    # --- declarations ----------------------------------------------------------------------
+
+    def _declare(self, tenant: str, declaration: JobDeclaration) -> str | None:
+        """Store and forward a tenant's declaration; the error for the tenant, if any."""
+        placement = self.redactor.placements.get(declaration.job)
+        if not tenant:
+            error = "not authenticated: declarations need a tenant key"
+        elif placement is None or placement.tenant != tenant:
+            # The same answer for "not yours" and "no such job": no probing for job ids.
+            error = f"no job {declaration.job!r} of yours is placed"
+        else:
+            error = None
+        if error is not None:
+            self.feed_stats["refused_declarations"] += 1
+            log.warning("refused a declaration from %r: %s", tenant or "(no key)", error)
+            return error
+        if declaration.withdrawn:
+            self._withdraw(declaration.job)
+            return None
+        self.declarations[declaration.job] = (tenant, declaration)
+        self.store.save_declaration(tenant, declaration)
+        self.feed_stats["declarations"] += 1
+        self._forward(declaration)
+        return None
+
+    def _hosts_of(self, job: str) -> set[str]:
+        placement = self.redactor.placements.get(job)
+        return {m.host_id for m in placement.members} if placement else set()
+
+    def _forward(self, declaration: JobDeclaration) -> None:
+        for host_id in sorted(self._hosts_of(declaration.job)):
+            conn = self.cluster.conn_of.get(host_id)
+            if conn is not None:
+                self._send(conn, declaration)
+
+    def _withdraw(self, job: str) -> None:
+        if self.declarations.pop(job, None) is None:
+            return
+        self.store.delete_declaration(job)
+        self._forward(JobDeclaration(job, withdrawn=True))
+
+    def _declarations_for(self, host_id: str, conn: bytes) -> list[Any]:
+        """A (re)connecting agent learns the declarations of the jobs it hosts."""
+        return [ClusterReply(conn, declaration)
+                for _, declaration in self.declarations.values()
+                if host_id in self._hosts_of(declaration.job)]
 
     # --- admin commands ------------------------------------------------------------------
 
@@ -295,6 +477,10 @@ class ControllerServer:
                              changes=True),
             "unplace": Command(self._cmd_unplace, "forget a job's placement", changes=True),
             "events": Command(self._cmd_events, "recent host events"),
+            "feed": Command(self._cmd_feed, "tenant subscribers: topics, sent, dropped"),
+            "tenants": Command(self._cmd_tenants, "tenants: key, jobs, declarations, "
+                               "subscribers"),
+            "pools": Command(self._cmd_pools, "pools: hosts and GPUs (the provider's view)"),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -310,9 +496,68 @@ class ControllerServer:
             "frames": self.frames,
             "rejected": dict(self.rejected),
             "protocol": dict(self.cluster.counters),
-            "feed_stats": {**self.feed_stats, "topics": len(self.feed_seqs)},
+            "feed_stats": {**self.feed_stats, "topics": len(self.feed_seqs),
+                           "subscribers": len(self.hub.subscribers)},
+            "auth": self._auth_status(),
             "admin_socket": asdict(self.admin.stats),
         }
+
+    def _auth_status(self) -> dict[str, Any]:
+        if self.zap is None:
+            return {"mode": "none"}
+        return {
+            "mode": "curve",
+            "keys_dir": self.cfg.auth.keys_dir,
+            "agents_allowed": len(self.zap.lists[AGENTS].names()),
+            "tenants_allowed": len(self.zap.lists[TENANTS].names()),
+            "accepted": dict(self.zap.accepted),
+            "refused": dict(self.zap.refused),
+        }
+
+    def _cmd_feed(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [{
+            "tenant": sub.tenant, "peer": sub.peer.hex(), "topics": list(sub.prefixes),
+            "connected_seconds": round(now - sub.since, 1), "sent": sub.sent,
+            "dropped": sub.dropped, "refused": sub.refused,
+        } for sub in sorted(self.hub.subscribers.values(), key=lambda s: (s.tenant, s.peer))]
+
+    def _cmd_tenants(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        names = set(self.zap.lists[TENANTS].names()) if self.zap is not None else set()
+        jobs: dict[str, list[str]] = {}
+        for placement in self.redactor.placements.values():
+            jobs.setdefault(placement.tenant, []).append(placement.job)
+            names.add(placement.tenant)
+        rows = []
+        for name in sorted(names):
+            subs = [s for s in self.hub.subscribers.values() if s.tenant == name]
+            rows.append({
+                "tenant": name,
+                "key": self.zap is None or name in self.zap.lists[TENANTS].names(),
+                "jobs": sorted(jobs.get(name, [])),
+                "declared": sorted(j for j, (t, _) in self.declarations.items() if t == name),
+                "subscribers": len(subs),
+                "dropped": sum(s.dropped for s in subs),
+            })
+        return rows
+
+    def _cmd_pools(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        pools: dict[tuple[str, str], dict[str, Any]] = {}
+        for host in self.cluster.hosts.values():
+            row = pools.setdefault((host.pool, host.gpu_class), {
+                "pool": host.pool, "gpu_class": host.gpu_class, "hosts": 0, "alive": 0,
+                "schedulable": 0, "gpus": 0, "gpus_healthy": 0, "gpus_in_use": 0})
+            row["hosts"] += 1
+            summary = host.summary
+            if host.alive:
+                row["alive"] += 1
+                if summary is not None and summary.schedulable:
+                    row["schedulable"] += 1
+            row["gpus"] += host.gpus
+            if host.alive and summary is not None:
+                row["gpus_healthy"] += summary.gpus.healthy
+                row["gpus_in_use"] += summary.gpus.in_use
+        return [pools[k] for k in sorted(pools)]
 
     def _cmd_hosts(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -348,16 +593,24 @@ class ControllerServer:
             raise CommandError(str(exc)) from None
         record = Placement(placement.job, placement.tenant,
                            tuple(Member(m.name, m.host) for m in placement.members))
+        previous = self.redactor.placements.get(record.job)
+        if previous is not None and previous.tenant != record.tenant:
+            # A job id now belongs to someone else: the old owner's declaration is void.
+            self._withdraw(record.job)
         self.store.save_placement(record)
         self.redactor.place(record)
         self.cluster.changed = True
-        self._publish_changes()
+        self._flush_publications()
+        declared = self.declarations.get(record.job)
+        if declared is not None:
+            self._forward(declared[1])  # hosts the job has moved to learn it now
         return {"job": record.job, "members": len(record.members)}
 
     def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
         job = args.get("job")
         if not isinstance(job, str) or job not in self.redactor.placements:
             raise CommandError("job must name a placed job")
+        self._withdraw(job)
         self.store.delete_placement(job)
         self.redactor.remove_job(job)
         return {"job": job}

@@ -16,10 +16,12 @@ import msgpack
 
 from controller.cluster import HostRecord, StoredEvent
 from controller.redaction import Member, Placement
-from harmonaize.messages import HostSummary
+from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Version 1 lacked the feed log and declarations: their tables are simply added.
+UPGRADABLE = {1}
 #: Host events kept for operators; older ones are pruned.
 EVENT_RETENTION = 100_000
 
@@ -44,6 +46,18 @@ CREATE TABLE IF NOT EXISTS placements (
     members TEXT NOT NULL
 ) STRICT;
 CREATE TABLE IF NOT EXISTS feed_topics (topic TEXT PRIMARY KEY, seq INTEGER NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS feed_log (
+    topic TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    condition INTEGER NOT NULL,
+    frame BLOB NOT NULL,
+    PRIMARY KEY (topic, seq)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS declarations (
+    job TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    body BLOB NOT NULL
+) STRICT;
 CREATE TABLE IF NOT EXISTS host_events (
     id INTEGER PRIMARY KEY,
     host_id TEXT NOT NULL,
@@ -68,7 +82,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(_SCHEMA)
         version = self.get_meta("schema_version")
-        if version is None:
+        if version is None or version in UPGRADABLE:
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif version != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: database schema {version}, expected {SCHEMA_VERSION}")
@@ -125,11 +139,50 @@ class Store:
     def load_feed_seqs(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT topic, seq FROM feed_topics").fetchall())
 
+    def load_declarations(self) -> list[tuple[str, JobDeclaration]]:
+        out = []
+        for tenant, body in self.db.execute("SELECT tenant, body FROM declarations"):
+            try:
+                out.append((tenant, from_plain(JobDeclaration, msgpack.unpackb(body))))
+            except (SchemaError, ValueError):
+                continue  # written by another version: the tenant declares again
+        return out
+
+    def save_declaration(self, tenant: str, declaration: JobDeclaration) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO declarations (job, tenant, body)"
+                            " VALUES (?, ?, ?)",
+                            (declaration.job, tenant, msgpack.packb(to_plain(declaration))))
+
+    def delete_declaration(self, job: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
+
+    def latest_conditions(self) -> dict[str, tuple[int, bytes]]:
+        """Each topic's newest condition frame, to serve late joiners after a restart."""
+        rows = self.db.execute(
+            "SELECT topic, MAX(seq), frame FROM feed_log WHERE condition = 1 GROUP BY topic")
+        return {topic: (seq, frame) for topic, seq, frame in rows}
+
+    def replay(self, topic: str, after: int, limit: int) -> list[tuple[int, bytes]]:
+        return self.db.execute(
+            "SELECT seq, frame FROM feed_log WHERE topic = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (topic, after, limit)).fetchall()
+
+    def prune_feed(self, keep: int) -> int:
+        """Keep the newest ``keep`` messages per topic (sequence numbers have no holes)."""
+        with self.db:
+            cur = self.db.execute(
+                "DELETE FROM feed_log WHERE seq <= "
+                "(SELECT t.seq FROM feed_topics t WHERE t.topic = feed_log.topic) - ?", (keep,))
+        return cur.rowcount
+
     def flush(
         self,
         hosts: Iterable[HostRecord],
         events: Iterable[StoredEvent],
         feed_seqs: dict[str, int] | None = None,
+        feed_log: Iterable[tuple[str, int, bool, bytes]] = (),
     ) -> None:
         with self.db:  # one transaction
             self.db.execute("BEGIN")
@@ -158,6 +211,11 @@ class Store:
             self.db.executemany(
                 "INSERT OR REPLACE INTO feed_topics (topic, seq) VALUES (?, ?)",
                 list((feed_seqs or {}).items()),
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame)"
+                " VALUES (?, ?, ?, ?)",
+                [(t, seq, int(cond), frame) for t, seq, cond, frame in feed_log],
             )
 
     def prune_events(self, keep: int = EVENT_RETENTION) -> int:

@@ -13,6 +13,8 @@ T = TypeVar("T")
 
 AbsPath = Annotated[str, Str(max_len=4096, min_len=1, pattern=r"/.*")]
 """An absolute filesystem path."""
+OptionalPath = Annotated[str, Str(max_len=4096, pattern=r"(/.*)?")]
+"""An absolute filesystem path, or empty for none."""
 Endpoint = Annotated[str, Str(max_len=256, pattern=r"(tcp|ipc)://\S+")]
 """A ZeroMQ endpoint such as ``tcp://10.0.0.1:7400``; empty where optional."""
 

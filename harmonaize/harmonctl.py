@@ -14,13 +14,16 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from harmonaize import keys
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tables import fields, table
 
 AGENT_SOCKET = "/run/harmonaize/agent.sock"
 CONTROLLER_SOCKET = "/run/harmonaize/controller.sock"
+DEFAULT_KEYS_DIR = "/etc/harmonaize/keys"
 
 
 def _render_agent_status(result: dict[str, Any]) -> str:
@@ -269,6 +272,29 @@ def _render_jobs(rows: list[dict[str, Any]]) -> str:
                   ("members", "MEMBERS")])
 
 
+def _render_feed(rows: list[dict[str, Any]]) -> str:
+    return table([{**r, "topics": ", ".join(r["topics"])} for r in rows], [
+        ("tenant", "TENANT"), ("topics", "TOPICS"), ("connected_seconds", "FOR(S)"),
+        ("sent", "SENT"), ("dropped", "DROPPED"), ("refused", "REFUSED"),
+    ])
+
+
+def _render_tenants(rows: list[dict[str, Any]]) -> str:
+    return table([{**r, "key": "yes" if r["key"] else "no", "jobs": ", ".join(r["jobs"]) or "-",
+                   "declared": ", ".join(r["declared"]) or "-"} for r in rows], [
+        ("tenant", "TENANT"), ("key", "KEY"), ("jobs", "JOBS"), ("declared", "DECLARED"),
+        ("subscribers", "SUBSCRIBERS"), ("dropped", "DROPPED"),
+    ])
+
+
+def _render_pools(rows: list[dict[str, Any]]) -> str:
+    return table(rows, [
+        ("pool", "POOL"), ("gpu_class", "CLASS"), ("hosts", "HOSTS"), ("alive", "ALIVE"),
+        ("schedulable", "SCHEDULABLE"), ("gpus", "GPUS"), ("gpus_healthy", "HEALTHY"),
+        ("gpus_in_use", "IN USE"),
+    ])
+
+
 def _render_simple(result: Any) -> str:
     if isinstance(result, dict):
         return fields(result.items())
@@ -289,6 +315,9 @@ CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "capacity": _render_capacity,
     "events": _render_events,
     "jobs": _render_jobs,
+    "feed": _render_feed,
+    "tenants": _render_tenants,
+    "pools": _render_pools,
 }
 
 
@@ -347,6 +376,16 @@ def build_parser() -> argparse.ArgumentParser:
     unplace = sub.add_parser("unplace", parents=[common], help="(controller) forget a job")
     unplace.add_argument("job")
     events.add_argument("--limit", type=int, default=50)
+    sub.add_parser("feed", parents=[common],
+                   help="(controller) tenant subscribers: topics, sent, dropped")
+    sub.add_parser("tenants", parents=[common],
+                   help="(controller) tenants: key, jobs, declarations, subscribers")
+    sub.add_parser("pools", parents=[common], help="(controller) pools: hosts and GPUs")
+    keygen = sub.add_parser("keygen", parents=[common],
+                            help="make a CurveZMQ key pair (local: talks to no daemon)")
+    keygen.add_argument("name", help="controller, a host id, or a tenant name")
+    keygen.add_argument("--dir", type=Path, default=Path(DEFAULT_KEYS_DIR),
+                        help="where to write NAME.key and NAME.key_secret (default %(default)s)")
     sub.add_parser("help", parents=[common], help="commands the server offers")
     return parser
 
@@ -382,9 +421,25 @@ def _json_file(file: Any) -> Any:
         raise SystemExit(f"harmonctl: {file.name}: not JSON: {exc}") from None
 
 
+def _keygen(ns: argparse.Namespace, as_json: bool) -> int:
+    try:
+        public, secret = keys.generate(ns.dir, ns.name)
+    except keys.KeyFileError as exc:
+        print(f"harmonctl: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps({"public": str(public), "secret": str(secret)}))
+    else:
+        print(f"{secret} (stays on this machine)\n{public} (copy to the peers that must "
+              "know it)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     as_json = getattr(ns, "json", False)
+    if ns.command == "keygen":
+        return _keygen(ns, as_json)
     path = ns.controller or ns.socket
     who = "controller" if ns.controller else "agent"
     try:

@@ -33,6 +33,7 @@ from harmonaize.schema import (
     Num,
     SchemaError,
     Seconds,
+    Str,
     Text,
     Timestamp,
     from_plain,
@@ -424,6 +425,8 @@ class JobDeclaration(Message):
     bulk: BulkTraffic | None = None
     #: Increases with each new declaration of the job (the newest wins).
     revision: Count = 0
+    #: The job ended or the tenant withdrew it: undo everything done for it.
+    withdrawn: bool = False
 
 
 @dataclass(frozen=True)
@@ -486,7 +489,68 @@ class JobHealth(Message):
     revision: Count = 0
 
 
-FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice"})
+# --- tenant <-> controller ------------------------------------------------------------
+
+#: A feed topic, or a prefix of topics: ``pool/<pool>/<class>``, ``job/<tenant>/<job>/``.
+Topic = Annotated[str, Str(max_len=256, pattern=r"[A-Za-z0-9._:@+/-]*")]
+
+
+@dataclass(frozen=True)
+class Position:
+    """The newest sequence number seen (or published) on one topic."""
+
+    topic: Topic
+    seq: Count
+
+
+@message("subscribe", Category.CONTROL)
+@dataclass(frozen=True)
+class Subscribe(Message):
+    """A tenant's subscription to topic prefixes, renewed periodically.
+
+    ``since`` says where the tenant left off per topic; the controller sends
+    what it still retains after those points, so a restarted tenant or one that
+    saw a gap misses nothing.
+    """
+
+    topics: Annotated[tuple[Topic, ...], Len(64, min_len=1)]
+    since: Annotated[tuple[Position, ...], Len(1024)] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    topic: Topic
+    reason: Text
+
+
+@message("subscribed", Category.CONTROL)
+@dataclass(frozen=True)
+class Subscribed(Message):
+    """The answer to a subscription: what was accepted, what was refused and why."""
+
+    #: Who the controller takes the tenant to be (from its key; empty without one).
+    tenant: Name
+    accepted: Annotated[tuple[Topic, ...], Len(64)] = ()
+    refused: Annotated[tuple[Refusal, ...], Len(64)] = ()
+    #: The newest sequence number of every topic under the accepted prefixes.
+    positions: Annotated[tuple[Position, ...], Len(1024)] = ()
+    #: Renew within this many seconds, or the subscription lapses.
+    renew: Annotated[float, Num(0.1, 86400.0)] = 30.0
+
+
+@message("reply", Category.CONTROL)
+@dataclass(frozen=True)
+class Reply(Message):
+    """The answer to a tenant's request (by the request's sequence number)."""
+
+    request: Count
+    ok: bool
+    error: Text = ""
+
+
+TENANT_KINDS = frozenset({"subscribe", "job-declaration"})
+FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice",
+                        "subscribed", "reply"})
 
 # --- envelope and codec --------------------------------------------------------------
 

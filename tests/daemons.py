@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
+from harmonaize.tenant.client import FeedClient
 from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from harmonaize.testbed.keyring import Keyring
 from harmonaize.testbed.netns import Lab
 from tests.conftest import Spawn, free_port, python
 
@@ -60,14 +62,33 @@ SMALL_CLUSTER = "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
 NO_LINKS = "[observers.links]\nenabled = false\n"
 
 
+def keyring(workdir: Path) -> Keyring:
+    """The test's keys (one controller per test directory)."""
+    return Keyring(workdir / "keys")
+
+
+def tenant_feed(controller: Controller, topics: list[str], tenant: str = "acme",
+                **kwargs: Any) -> FeedClient:
+    """A tenant's feed client, with a key the controller knows (under ``tenant``)."""
+    creds = keyring(controller.workdir).tenant(tenant)
+    return FeedClient(controller.feed, topics, key=creds.key, server_key=creds.server_key,
+                      **kwargs)
+
+
 def agent_config(workdir: Path, name: str, extra: str = "", endpoint: str = "",
                  group: str = "", links: str = NO_LINKS) -> Path:
-    """``extra`` goes in the [controller] section; ``links`` is appended (any sections)."""
+    """``extra`` goes in the [controller] section; ``links`` is appended (any sections).
+
+    With an endpoint the agent gets a key pair the test's controller allows,
+    unless ``extra`` says otherwise (e.g. ``server_key = ""``).
+    """
     path = workdir / f"{name}.toml"
+    auth = (keyring(workdir).agent_config(name)
+            if endpoint and "server_key" not in extra else "")
     path.write_text(
         f'[agent]\nhost_id = "{name}"\nstate_dir = "{workdir / name}"\n'
         f'[socket]\npath = "{workdir / name}.sock"\ngroup = "{group}"\n'
-        f'[controller]\nendpoint = "{endpoint}"\n' + extra + links
+        f'[controller]\nendpoint = "{endpoint}"\n' + auth + extra + links
     )
     return path
 
@@ -98,6 +119,7 @@ class Controller:
     admin: Path
     config: Path
     log: Path
+    workdir: Path
 
     def request(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
         return request(self.admin, cmd, args)
@@ -110,17 +132,18 @@ def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
     feed = f"tcp://127.0.0.1:{feed_port}"
     admin = workdir / "controller.sock"
     config = workdir / "controller.toml"
+    auth = "" if "[auth]" in extra else keyring(workdir).controller_config()
     config.write_text(
         f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\nadmin_socket = "{admin}"\n'
         f'database = "{workdir / "controller.db"}"\nadmin_group = ""\n' + extra
-        + ("" if "[redaction]" in extra else SMALL_CLUSTER)
+        + ("" if "[redaction]" in extra else SMALL_CLUSTER) + auth
     )
     log = workdir / "controller.log"
     with log.open("ab") as out:
         proc = spawn(python("controller.main", "-c", str(config)), stdout=out,
                      stderr=subprocess.STDOUT)
     wait_until(serving(admin, proc, log), what="controller")
-    return Controller(proc, listen, feed, admin, config, log)
+    return Controller(proc, listen, feed, admin, config, log, workdir)
 
 
 def fake_gpus(workdir: Path, gpus: int = 8) -> tuple[FakeNvml, dict[str, str]]:

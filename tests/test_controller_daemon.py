@@ -12,11 +12,20 @@ import msgpack
 import pytest
 import zmq
 
+from harmonaize import keys
 from harmonaize import messages as m
 from harmonaize.messages import decode, encode
-from harmonaize.tenant import FeedClient
+from harmonaize.testbed.keyring import Credentials
 from tests.conftest import needs_root
-from tests.daemons import python, start_agent, start_controller, wait_until
+from tests.daemons import (
+    Controller,
+    keyring,
+    python,
+    start_agent,
+    start_controller,
+    tenant_feed,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.foundation, needs_root]
 
@@ -26,11 +35,10 @@ SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
 class FakeAgent:
     """A raw DEALER speaking the real protocol (or not, on purpose)."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, host: str = "h1") -> None:
+    def __init__(self, ctx: zmq.Context, controller: Controller, host: str = "h1",
+                 creds: Credentials | None = None) -> None:
         self.host = host
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
+        self.sock = curve_dealer(ctx, controller, creds or keyring(controller.workdir).agent(host))
 
     def send(self, body: m.Message, seq: int = 0) -> None:
         self.sock.send(encode(body, sender=self.host, seq=seq))
@@ -45,6 +53,16 @@ class FakeAgent:
         return self.recv()
 
 
+def curve_dealer(ctx: zmq.Context, controller: Controller, creds: Credentials | None,
+                 endpoint: str | None = None) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if creds is not None:
+        keys.curve_client(sock, keys.load_pair(creds.key), keys.load_public(creds.server_key))
+    sock.connect(endpoint or controller.listen)
+    return sock
+
+
 @pytest.fixture
 def ctx():
     context = zmq.Context()
@@ -56,24 +74,20 @@ def test_malformed_frames_are_counted_and_the_controller_keeps_serving(
     spawn, workdir: Path, ctx: zmq.Context
 ) -> None:
     controller = start_controller(spawn, workdir)
-    bad = ctx.socket(zmq.DEALER)
-    bad.setsockopt(zmq.LINGER, 0)
-    bad.connect(controller.listen)
+    bad = curve_dealer(ctx, controller, keyring(workdir).agent("h9"))
     bad.send(b"\x00garbage")
     bad.send(msgpack.packb(["hz", 1, "hello", "h9", 0, 1.0, {"pool": 5}]))
     bad.send(msgpack.packb(["hz", 1, "pool-capacity", "h9", 0, 1.0, {}]))  # not an agent kind
     bad.send(msgpack.packb(["hz", 99, "hello", "h9", 0, 1.0, {}]))
     bad.send_multipart([b"one", b"two"])
-    too_big = ctx.socket(zmq.DEALER)
-    too_big.setsockopt(zmq.LINGER, 0)
-    too_big.connect(controller.listen)
+    too_big = curve_dealer(ctx, controller, keyring(workdir).agent("h8"))
     too_big.send(b"x" * (m.MAX_FRAME + 4096))  # ZeroMQ drops this peer before we see it
     wait_until(lambda: sum(controller.request("status")["rejected"].values()) >= 5,
                what="the rejections to be counted")
     status = controller.request("status")
     assert status["rejected"] == {"invalid": 4, "framing": 1}
     assert "rejected a frame (invalid)" in controller.log.read_text()
-    agent = FakeAgent(ctx, controller.listen)
+    agent = FakeAgent(ctx, controller)
     assert agent.hello() == m.Ack(0)
     agent.send(SUMMARY, seq=1)
     assert agent.recv() == m.Ack(1)
@@ -83,7 +97,7 @@ def test_malformed_frames_are_counted_and_the_controller_keeps_serving(
 
 def test_unbound_senders_are_asked_to_resync(spawn, workdir: Path, ctx: zmq.Context) -> None:
     controller = start_controller(spawn, workdir)
-    agent = FakeAgent(ctx, controller.listen)
+    agent = FakeAgent(ctx, controller)
     agent.send(SUMMARY, seq=1)
     assert isinstance(agent.recv(), m.Resync)
     assert controller.request("status")["protocol"]["unbound"] == 1
@@ -92,12 +106,12 @@ def test_unbound_senders_are_asked_to_resync(spawn, workdir: Path, ctx: zmq.Cont
 def test_late_joiners_get_current_conditions_at_once(spawn, workdir: Path,
                                                      ctx: zmq.Context) -> None:
     controller = start_controller(spawn, workdir, extra="[feed]\nrepublish = 3600\n")
-    agent = FakeAgent(ctx, controller.listen)
+    agent = FakeAgent(ctx, controller)
     agent.hello()
     agent.send(SUMMARY, seq=1)
     agent.recv()
     wait_until(lambda: controller.request("capacity"), what="the first aggregate")
-    with FeedClient(controller.feed, ["pool/"], context=ctx) as feed:
+    with tenant_feed(controller, ["pool/"], context=ctx) as feed:
         message = feed.recv(timeout=10)
     assert message is not None and message.topic == "pool/p/H200"
     assert str(message.body.hosts_up) == "1" and str(message.body.gpus_available) == "8-15"
@@ -107,13 +121,13 @@ def test_a_restart_keeps_hosts_sequence_numbers_and_feed_order(
     spawn, workdir: Path, ctx: zmq.Context
 ) -> None:
     controller = start_controller(spawn, workdir)
-    agent = FakeAgent(ctx, controller.listen)
+    agent = FakeAgent(ctx, controller)
     agent.hello(epoch=7)
     for seq in (1, 2, 3):
         agent.send(SUMMARY, seq=seq)
         assert agent.recv() == m.Ack(seq)
     wait_until(lambda: controller.request("capacity"), what="the first aggregate")
-    with FeedClient(controller.feed, ["pool/"], context=ctx) as feed:
+    with tenant_feed(controller, ["pool/"], context=ctx) as feed:
         before = feed.recv(timeout=10)
     ports = (int(controller.listen.rsplit(":", 1)[1]), int(controller.feed.rsplit(":", 1)[1]))
     controller.proc.send_signal(signal.SIGTERM)
@@ -125,7 +139,7 @@ def test_a_restart_keeps_hosts_sequence_numbers_and_feed_order(
     assert agent.hello(epoch=7) == m.Ack(3)
     agent.send(SUMMARY, seq=3)
     assert agent.recv() == m.Ack(3)  # a resend of something stored is not applied twice
-    with FeedClient(controller.feed, ["pool/"], context=ctx) as feed:
+    with tenant_feed(controller, ["pool/"], context=ctx) as feed:
         after = feed.recv(timeout=10)
     assert before is not None and after is not None and after.seq > before.seq
 

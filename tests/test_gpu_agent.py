@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from harmonaize.messages import JobAdvisory, PoolCapacity
-from harmonaize.tenant import FeedClient
 from tests.conftest import python
 from tests.daemons import (
     NO_LINKS,
@@ -21,6 +20,7 @@ from tests.daemons import (
     gpu_section,
     start_agent,
     start_controller,
+    tenant_feed,
     wait_until,
 )
 
@@ -72,7 +72,7 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
                what="the job on gpu 3")
     controller.request("place", {"job": "job-42", "tenant": "acme",
                                  "members": [{"name": "3", "host": "g1"}]})
-    with FeedClient(controller.feed, ["job/acme/job-42/", "pool/"]) as tenant:
+    with tenant_feed(controller, ["job/acme/job-42/", "pool/"]) as tenant:
         wait_until(lambda: controller.request("capacity"), what="capacity")
         fake.inject_xid(3, 79)
         lost = wait_until(lambda: state_of(agent, 3, "lost"), what="gpu 3 lost")
@@ -185,7 +185,7 @@ def test_capacity_counts_available_gpus(spawn, workdir: Path) -> None:
     assert wait_until(lambda: gpus_bucket() == (8, 15) and gpus_bucket(), what="8 GPUs")
     fake.set(4, ecc_dbe_volatile=1)
     assert wait_until(lambda: gpus_bucket() == (1, 7) and gpus_bucket(), what="7 GPUs")
-    with FeedClient(controller.feed, ["pool/"]) as tenant:
+    with tenant_feed(controller, ["pool/"]) as tenant:
         message = tenant.recv(timeout=10)
     assert isinstance(message.body, PoolCapacity) and message.topic == "pool/default/H200"
     assert json.dumps(controller.request("hosts")[0]["gpus"]) == "8"

@@ -13,10 +13,17 @@ from pathlib import Path
 import pytest
 
 from harmonaize.messages import JobHealth, PoolCapacity, ValidationNotice
-from harmonaize.tenant import FeedClient
 from harmonaize.testbed.netns import Lab
 from tests.conftest import needs_root, python
-from tests.daemons import NO_LINKS, Agent, fake_gpus, gpu_section, start_agent, start_controller
+from tests.daemons import (
+    NO_LINKS,
+    Agent,
+    fake_gpus,
+    gpu_section,
+    start_agent,
+    start_controller,
+    tenant_feed,
+)
 from tests.daemons import wait_until as wait
 
 pytestmark = [pytest.mark.validation, needs_root]
@@ -129,7 +136,7 @@ def test_no_validation_on_a_tenants_gpu_unless_the_job_allows_it(spawn, workdir:
     wait(lambda: any(g["jobs"] for g in agent.request("health")["gpus"]), what="the job")
     controller.request("place", {"job": "job-7", "tenant": "acme",
                                  "members": [{"name": "12", "host": "g1"}]})
-    with FeedClient(controller.feed, ["job/acme/job-7/", "pool/"]) as feed:
+    with tenant_feed(controller, ["job/acme/job-7/", "pool/"]) as feed:
         fake.set(6, ecc_sbe_volatile=900)  # suspect, but job-7 uses it
         waiting = wait(lambda: agent.request("validations")["waiting"].get("gpu:6"),
                        what="the validation to wait")
@@ -219,7 +226,7 @@ def test_the_tenant_sees_only_the_capacity_change(spawn, workdir: Path) -> None:
     control = workdir / "control"
     agent, fake = gpu_agent(spawn, workdir, control, endpoint=controller.listen)
     (control / "behaviour.0").write_text("exit 1\n")
-    with FeedClient(controller.feed, ["pool/", "job/"]) as feed:
+    with tenant_feed(controller, ["pool/", "job/acme/"]) as feed:
         first = feed.recv(timeout=10)
         assert isinstance(first.body, PoolCapacity) and first.body.gpus_available.lo == 8
         fake.set(0, ecc_sbe_volatile=500)

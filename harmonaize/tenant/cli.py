@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-from harmonaize.messages import PoolCapacity
-from harmonaize.schema import to_plain
-from harmonaize.tenant.client import FeedClient, FeedMessage
+from harmonaize import keys
+from harmonaize.messages import JobDeclaration, PoolCapacity
+from harmonaize.schema import from_plain, to_plain
+from harmonaize.tenant.client import FeedClient, FeedMessage, RequestError
+
+KEY_ENV = "HARMONAIZE_TENANT_KEY"
+SERVER_KEY_ENV = "HARMONAIZE_SERVER_KEY"
 
 
 def describe(message: FeedMessage) -> str:
@@ -23,27 +30,91 @@ def describe(message: FeedMessage) -> str:
     return " ".join(f"{k}={v}" for k, v in to_plain(body).items())
 
 
+def _client(args: argparse.Namespace, topics: list[str],
+            resume: dict[str, int] | None = None) -> FeedClient:
+    return FeedClient(args.feed, topics, key=args.key or None,
+                      server_key=args.server_key or None, resume=resume)
+
+
+def _load_state(path: Path | None) -> dict[str, int] | None:
+    if path is None or not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"harmonaize-tenant: {path}: unreadable state: {exc}") from None
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            for k, v in data.items()):
+        raise SystemExit(f"harmonaize-tenant: {path}: not a map of topic to sequence number")
+    return data
+
+
+def _save_state(path: Path | None, positions: dict[str, int]) -> None:
+    if path is not None:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(positions, sort_keys=True))
+        tmp.replace(path)
+
+
 def _watch(args: argparse.Namespace) -> int:
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     shown = 0
-    with FeedClient(args.feed, args.topic or ["pool/"]) as feed:
-        while args.count is None or shown < args.count:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            message = feed.recv(timeout=remaining)
-            if message is None:
-                break
-            shown += 1
-            if args.json:
-                print(json.dumps({
-                    "topic": message.topic, "seq": message.seq, "time": message.time,
-                    "kind": message.kind, "category": message.category.value,
-                    "body": to_plain(message.body),
-                }), flush=True)
-            else:
-                stamp = time.strftime("%H:%M:%S", time.localtime(message.time))
-                print(f"{stamp} {message.topic} {message.kind}: {describe(message)}", flush=True)
+    with _client(args, args.topic or ["pool/"], _load_state(args.state)) as feed:
+        try:
+            while args.count is None or shown < args.count:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                message = feed.recv(timeout=remaining)
+                if message is None:
+                    break
+                shown += 1
+                _show(message, args.json)
+                _save_state(args.state, feed.positions)
+        finally:
+            for refusal in feed.refused:
+                print(f"harmonaize-tenant: refused {refusal.topic!r}: {refusal.reason}",
+                      file=sys.stderr)
+    return 0
+
+
+def _show(message: FeedMessage, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({
+            "topic": message.topic, "seq": message.seq, "time": message.time,
+            "kind": message.kind, "category": message.category.value,
+            "body": to_plain(message.body),
+        }), flush=True)
+    else:
+        stamp = time.strftime("%H:%M:%S", time.localtime(message.time))
+        print(f"{stamp} {message.topic} {message.kind}: {describe(message)}", flush=True)
+
+
+def _declare(args: argparse.Namespace) -> int:
+    try:
+        data: Any = json.load(args.file)
+        declaration = from_plain(JobDeclaration, data, "declaration")
+    except ValueError as exc:  # JSON and schema errors alike
+        print(f"harmonaize-tenant: {args.file.name}: {exc}", file=sys.stderr)
+        return 2
+    with _client(args, ["pool/"]) as feed:
+        try:
+            feed.declare(declaration, timeout=args.timeout)
+        except RequestError as exc:
+            print(f"harmonaize-tenant: declaration refused: {exc}", file=sys.stderr)
+            return 1
+    print(f"declared {declaration.job} (revision {declaration.revision})")
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    try:
+        public, secret = keys.generate(args.dir, args.name)
+    except keys.KeyFileError as exc:
+        print(f"harmonaize-tenant: {exc}", file=sys.stderr)
+        return 1
+    print(f"{secret} (keep it here)\n{public} (give this to your provider)")
     return 0
 
 
@@ -51,18 +122,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="harmonaize-tenant", description="HarmonAIze tenant client"
     )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--feed", default="tcp://127.0.0.1:7401",
+                        help="the controller's tenant endpoint (default %(default)s)")
+    common.add_argument("--key", default=os.environ.get(KEY_ENV, ""),
+                        help=f"your .key_secret file (or ${KEY_ENV})")
+    common.add_argument("--server-key", default=os.environ.get(SERVER_KEY_ENV, ""),
+                        help=f"the controller's .key file (or ${SERVER_KEY_ENV})")
     sub = parser.add_subparsers(dest="command", required=True)
-    watch = sub.add_parser("watch", help="print feed messages as they arrive")
-    watch.add_argument("--feed", default="tcp://127.0.0.1:7401",
-                       help="the controller's feed endpoint (default %(default)s)")
+    watch = sub.add_parser("watch", parents=[common], help="print feed messages as they arrive")
     watch.add_argument("--topic", action="append",
-                       help="topic prefix to subscribe to (repeatable; default pool/)")
+                       help="topic prefix: pool/ or job/<you>/... (repeatable; default pool/)")
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
     watch.add_argument("--count", type=int, help="exit after this many messages")
     watch.add_argument("--timeout", type=float, help="exit after this many seconds")
+    watch.add_argument("--state", type=Path,
+                       help="keep positions in this file and resume from it next time")
+    declare = sub.add_parser("declare", parents=[common],
+                             help="declare what the provider may do to a job (JSON file)")
+    declare.add_argument("file", type=argparse.FileType("r"))
+    declare.add_argument("--timeout", type=float, default=10.0)
+    keygen = sub.add_parser("keygen", help="make your CurveZMQ key pair")
+    keygen.add_argument("name", help="your tenant name, as your provider knows you")
+    keygen.add_argument("--dir", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     try:
+        if args.command == "keygen":
+            return _keygen(args)
+        if args.command == "declare":
+            return _declare(args)
         return _watch(args)
+    except keys.KeyFileError as exc:
+        print(f"harmonaize-tenant: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -1,24 +1,61 @@
-"""Tenant-side API for the controller's feed.
+"""Tenant-side API for the controller's feed and requests.
 
-    with FeedClient("tcp://controller:7401", topics=["pool/"]) as feed:
+    with FeedClient("tcp://controller:7401", topics=["pool/", "job/acme/"],
+                    key="acme.key_secret", server_key="controller.key") as feed:
         for msg in feed:
             print(msg.topic, msg.body)
 
-Conditions (level state such as pool capacity) are republished periodically
-and to every late joiner; by default a condition identical to the last one
-delivered on its topic is skipped, so a program sees each state change once.
-Malformed frames are counted and skipped, never raised.
+The client subscribes to topic prefixes and renews the subscription while you
+keep reading (iterate, or call :meth:`FeedClient.recv`). Every message carries
+a sequence number per topic; the client delivers each topic in order, once:
+
+* a gap (a message lost on the way, a restarted controller) is filled from
+  what the controller retains, before later messages on that topic are
+  delivered -- or skipped after ``gap_timeout`` and counted in
+  ``stats.gaps``;
+* ``positions`` says where you are; pass it back as ``resume=`` after a
+  restart of your program and you get what you missed meanwhile;
+* conditions (level state such as pool capacity) are delivered when their
+  content changes; repeats are skipped.
+
+Malformed frames are counted in ``stats.rejected`` and skipped, never raised.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 
 import zmq
 
-from harmonaize.messages import FEED_KINDS, Category, Message, WireError, decode
+from harmonaize import keys
+from harmonaize.messages import (
+    FEED_KINDS,
+    MAX_FRAME,
+    Category,
+    JobDeclaration,
+    Message,
+    Position,
+    Refusal,
+    Reply,
+    Subscribe,
+    Subscribed,
+    WireError,
+    decode,
+    encode,
+)
+
+#: Renew this often until the controller says how long a subscription lasts.
+DEFAULT_RENEW = 10.0
+MAX_POSITIONS = 1024
+
+
+class RequestError(RuntimeError):
+    """The controller refused a request, or did not answer; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +79,31 @@ class FeedStats:
     received: int = 0
     rejected: int = 0
     repeated_conditions: int = 0
+    duplicates: int = 0
+    #: Topics where messages were lost for good (beyond what the controller retains).
     gaps: int = 0
-    last_seq: dict[str, int] = field(default_factory=dict)
+    #: Gaps filled from the controller's retention.
+    recovered: int = 0
+    subscriptions: int = 0
+
+
+@dataclass
+class _Topic:
+    last: int = 0                      # highest seq delivered (or skipped to)
+    known: bool = False                # last is meaningful
+    held: dict[int, FeedMessage] = field(default_factory=dict)  # waiting behind a gap
+    gap_since: float | None = None
+    condition: dict[str, Message] = field(default_factory=dict)  # last delivered, by kind
+
+
+def _load_pair(key: keys.KeyPair | str | Path) -> keys.KeyPair:
+    return key if isinstance(key, keys.KeyPair) else keys.load_pair(key)
+
+
+def _load_public(key: bytes | str | Path) -> bytes:
+    if isinstance(key, bytes):
+        return key
+    return keys.load_public(key)
 
 
 class FeedClient:
@@ -52,55 +112,79 @@ class FeedClient:
         endpoint: str,
         topics: Iterable[str] = ("pool/",),
         *,
+        key: keys.KeyPair | str | Path | None = None,
+        server_key: bytes | str | Path | None = None,
+        resume: Mapping[str, int] | None = None,
         skip_repeated_conditions: bool = True,
+        gap_timeout: float = 2.0,
         context: zmq.Context | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.topics = tuple(dict.fromkeys(topics))
         self.skip_repeated_conditions = skip_repeated_conditions
+        self.gap_timeout = gap_timeout
         self.stats = FeedStats()
-        self._conditions: dict[str, Message] = {}
+        #: Who the controller takes us to be, and what it refused (after the first answer).
+        self.tenant: str | None = None
+        self.refused: tuple[Refusal, ...] = ()
+        self._topics: dict[str, _Topic] = {}
+        for topic, seq in (resume or {}).items():
+            self._topics[topic] = _Topic(last=int(seq), known=True)
+        self._ready: deque[FeedMessage] = deque()
+        self._replies: dict[int, Reply] = {}
+        self._request_seq = 0
+        self._renew = DEFAULT_RENEW
+        self._next_renew = 0.0
         self._own_context = context is None
         self._ctx = context or zmq.Context()
-        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 512 * 1024)
-        for topic in topics:
-            self._sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
+        if key is not None or server_key is not None:
+            if key is None or server_key is None:
+                raise ValueError("CurveZMQ needs both key (yours) and server_key (the "
+                                 "controller's)")
+            keys.curve_client(self._sock, _load_pair(key), _load_public(server_key))
         self._sock.connect(endpoint)
+        self._subscribe(time.monotonic())
+
+    # --- what you call ------------------------------------------------------------------
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """Where this client is, per topic: pass it as ``resume=`` next time."""
+        return {t: s.last for t, s in self._topics.items() if s.known}
 
     def recv(self, timeout: float | None = None) -> FeedMessage | None:
         """The next message, or None if ``timeout`` seconds pass without one."""
-        poll_ms = None if timeout is None else max(0, int(timeout * 1000))
-        while True:
-            if not self._sock.poll(poll_ms):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            now = time.monotonic()
+            self._housekeeping(now)
+            if self._ready:
+                break
+            if deadline is not None and now >= deadline:
                 return None
-            message = self._accept(self._sock.recv_multipart())
-            if message is not None:
-                return message
+            wait = self._next_wake(now, deadline)
+            if self._sock.poll(int(wait * 1000) + 1):
+                self._pump()
+        return self._ready.popleft()
 
-    def _accept(self, frames: list[bytes]) -> FeedMessage | None:
-        if len(frames) != 2:
-            self.stats.rejected += 1
-            return None
-        try:
-            topic = frames[0].decode()
-            envelope = decode(frames[1], allowed=FEED_KINDS)
-        except (UnicodeDecodeError, WireError):
-            self.stats.rejected += 1
-            return None
-        self.stats.received += 1
-        last = self.stats.last_seq.get(topic)
-        if last is not None and envelope.seq > last + 1:
-            self.stats.gaps += 1
-        self.stats.last_seq[topic] = max(envelope.seq, last or 0)
-        body = envelope.body
-        if body.CATEGORY is Category.CONDITION:
-            key = f"{topic}|{body.KIND}"
-            if self.skip_repeated_conditions and self._conditions.get(key) == body:
-                self.stats.repeated_conditions += 1
-                return None
-            self._conditions[key] = body
-        return FeedMessage(topic, envelope.seq, envelope.time, body)
+    def declare(self, declaration: JobDeclaration, timeout: float = 10.0) -> None:
+        """Send a declaration for one of your jobs; raises :class:`RequestError` if refused."""
+        self._request_seq += 1
+        seq = self._request_seq
+        self._sock.send(encode(declaration, sender="tenant", seq=seq))
+        deadline = time.monotonic() + timeout
+        while seq not in self._replies:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestError(f"no answer from {self.endpoint} within {timeout:g} s")
+            if self._sock.poll(max(1, int(remaining * 1000))):
+                self._pump()
+        reply = self._replies.pop(seq)
+        if not reply.ok:
+            raise RequestError(reply.error)
 
     def __iter__(self) -> Iterator[FeedMessage]:
         while True:
@@ -116,10 +200,112 @@ class FeedClient:
     def __enter__(self) -> FeedClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
+
+    # --- inside ---------------------------------------------------------------------------
+
+    def _subscribe(self, now: float, since: Mapping[str, int] | None = None) -> None:
+        positions = since if since is not None else self.positions
+        items = sorted(positions.items(), key=lambda kv: -kv[1])[:MAX_POSITIONS]
+        request = Subscribe(self.topics, tuple(Position(t, s) for t, s in items))
+        self._sock.send(encode(request, sender="tenant"))
+        self._next_renew = now + self._renew / 3
+
+    def _next_wake(self, now: float, deadline: float | None) -> float:
+        wakes = [self._next_renew - now]
+        wakes += [s.gap_since + self.gap_timeout - now
+                  for s in self._topics.values() if s.gap_since is not None]
+        if deadline is not None:
+            wakes.append(deadline - now)
+        return max(0.0, min(wakes))
+
+    def _housekeeping(self, now: float) -> None:
+        if now >= self._next_renew:
+            self._subscribe(now)
+        for topic, state in self._topics.items():
+            if state.gap_since is not None and now - state.gap_since >= self.gap_timeout:
+                # Not retained any more: skip to what we have, and say so.
+                self.stats.gaps += 1
+                state.gap_since = None
+                state.last = min(state.held) - 1
+                self._release(topic, state)
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._accept(frames)
+
+    def _accept(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self.stats.rejected += 1
+            return
+        try:
+            topic = frames[0].decode()
+            envelope = decode(frames[1], allowed=FEED_KINDS)
+        except (UnicodeDecodeError, WireError):
+            self.stats.rejected += 1
+            return
+        body = envelope.body
+        if not topic:
+            self._control(body)
+            return
+        self.stats.received += 1
+        self._arrived(topic, FeedMessage(topic, envelope.seq, envelope.time, body))
+
+    def _control(self, body: Message) -> None:
+        if isinstance(body, Subscribed):
+            self.stats.subscriptions += 1
+            self.tenant, self.refused = body.tenant, body.refused
+            self._renew = body.renew
+            self._next_renew = min(self._next_renew, time.monotonic() + body.renew / 3)
+            for position in body.positions:
+                state = self._topics.setdefault(position.topic, _Topic())
+                if not state.known:  # new to us: we want the present, not the past
+                    state.last, state.known = position.seq, True
+        elif isinstance(body, Reply):
+            self._replies[body.request] = body
+        else:
+            self.stats.rejected += 1
+
+    def _arrived(self, topic: str, message: FeedMessage) -> None:
+        state = self._topics.setdefault(topic, _Topic())
+        if not state.known:
+            state.last, state.known = message.seq - 1, True
+        if message.seq <= state.last:
+            # Sent again: a condition for a late joiner or a republication, or a duplicate.
+            if message.category is Category.CONDITION:
+                self._deliver(state, message)
+            else:
+                self.stats.duplicates += 1
+            return
+        state.held[message.seq] = message
+        if message.seq > state.last + 1 and state.gap_since is None:
+            state.gap_since = time.monotonic()
+            self._subscribe(time.monotonic(), {topic: state.last})  # ask for the missing
+        self._release(topic, state)
+
+    def _release(self, topic: str, state: _Topic) -> None:
+        filled = state.gap_since is not None
+        while state.last + 1 in state.held:
+            state.last += 1
+            self._deliver(state, state.held.pop(state.last))
+        if not state.held:
+            if filled and state.gap_since is not None:
+                self.stats.recovered += 1
+            state.gap_since = None
+        elif state.gap_since is None:
+            state.gap_since = time.monotonic()
+
+    def _deliver(self, state: _Topic, message: FeedMessage) -> None:
+        if message.category is Category.CONDITION:
+            if self.skip_repeated_conditions and state.condition.get(message.kind) == \
+                    message.body:
+                self.stats.repeated_conditions += 1
+                return
+            state.condition[message.kind] = message.body
+        self._ready.append(message)

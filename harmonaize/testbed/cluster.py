@@ -22,6 +22,7 @@ from typing import Any
 
 from harmonaize.opsocket import CommandError, request
 from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from harmonaize.testbed.keyring import Keyring
 from harmonaize.testbed.netns import Lab
 
 AGENT_PORT = 7400
@@ -104,6 +105,8 @@ class TestCluster:
         self.controller: subprocess.Popen[Any] | None = None
         #: Each agent host's fake GPUs, for scenarios to break.
         self.gpus: dict[str, FakeNvml] = {}
+        #: Every daemon and tenant authenticates with CurveZMQ, as in production.
+        self.keys = Keyring(workdir / "keys")
 
     # --- paths -----------------------------------------------------------------------
 
@@ -132,7 +135,7 @@ class TestCluster:
             f'feed = "tcp://{addr}:{FEED_PORT}"\n'
             f'admin_socket = "{self.admin_socket}"\n'
             f'database = "{self.workdir / "controller.db"}"\n'
-            + (self.controller_overrides or SMALL_CLUSTER)
+            + (self.controller_overrides or SMALL_CLUSTER) + self.keys.controller_config()
         )
         self.controller = self.lab.popen(
             "controller", [sys.executable, "-m", "controller.main", "-c", str(cfg)],
@@ -166,7 +169,7 @@ class TestCluster:
             f'path = "{self.socket(host)}"\n'
             "[controller]\n"
             f'endpoint = "tcp://{self.lab.addr("controller")}:{AGENT_PORT}"\n'
-            + self.agent_overrides + gpu_section + validation + extra
+            + self.keys.agent_config(host) + self.agent_overrides + gpu_section + validation + extra
         )
         proc = self.lab.popen(
             host, [sys.executable, "-m", "agent.main", "-c", str(cfg)], log=self.log(host),
@@ -195,15 +198,26 @@ class TestCluster:
 
         wait_until(serving, timeout, f"{what} to serve {path}")
 
-    def tenant_watch(self, topics: tuple[str, ...] = ("pool/",)) -> TenantWatcher:
+    def tenant_watch(self, topics: tuple[str, ...] = ("pool/",),
+                     tenant: str = "acme") -> TenantWatcher:
+        creds = self.keys.tenant(tenant)
         argv = [sys.executable, "-m", "harmonaize.tenant.cli", "watch", "--json",
-                "--feed", self.feed]
+                "--feed", self.feed, "--key", str(creds.key),
+                "--server-key", str(creds.server_key)]
         for topic in topics:
             argv += ["--topic", topic]
         proc = self.lab.popen("tenant", argv, stdout=subprocess.PIPE, text=True)
         watcher = TenantWatcher(proc)
         watcher.start()
         return watcher
+
+    def tenant_cli(self, *args: str, tenant: str = "acme") -> subprocess.CompletedProcess[str]:
+        """Run ``harmonaize-tenant ARGS`` as ``tenant``, from the tenant's namespace."""
+        creds = self.keys.tenant(tenant)
+        command, *rest = args
+        argv = [sys.executable, "-m", "harmonaize.tenant.cli", command, "--feed", self.feed,
+                "--key", str(creds.key), "--server-key", str(creds.server_key), *rest]
+        return self.lab.run("tenant", argv, timeout=60)
 
     def agent_request(self, host: str, cmd: str, args: dict[str, Any] | None = None) -> Any:
         return request(self.socket(host), cmd, args)

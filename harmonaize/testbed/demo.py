@@ -73,6 +73,11 @@ def scenario(cluster: TestCluster) -> None:
     cluster.start_agent("h2")
     tenant.wait_for(capacity_is(2, 0), 20, "two hosts up", on_message=show_tenant)
 
+    say("every daemon and tenant authenticates with CurveZMQ; tenant acme tries to watch "
+        "another tenant's jobs and is refused by the controller")
+    refused = cluster.tenant_cli("watch", "--topic", "job/globex/", "--timeout", "1")
+    print(indent(refused.stderr or "(nothing said)"), flush=True)
+
     say("an operator on h1 asks its agent: harmonctl status, then harmonctl gpus")
     print(indent(cluster.harmonctl("h1", "status")), flush=True)
     print(indent(cluster.harmonctl("h1", "gpus")), flush=True)

@@ -1,0 +1,132 @@
+"""Tenants' subscriptions: who may see which topics, and who gets a publication.
+
+Sans-I/O. The server hands in subscription requests with the tenant's
+identity (from its CurveZMQ key, never from the request) and asks, per
+publication, which connections get it. The rules:
+
+* ``pool/...`` prefixes are open to every authenticated tenant;
+* ``job/<tenant>/...`` only to that tenant, and only with the slash, so
+  ``job/acme`` cannot reach ``job/acme2/``;
+* anything else -- ``""``, ``job/``, another tenant's jobs -- is refused, with
+  the reason, and counted.
+
+A subscription lapses unless it is renewed within ``renew`` seconds, so the
+table stays bounded by live tenants, whatever they do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from harmonaize.messages import Position, Refusal, Subscribe, Subscribed
+
+POOL_PREFIX = "pool/"
+JOB_PREFIX = "job/"
+#: Subscriptions one tenant may hold at once (over all its connections).
+MAX_PER_TENANT = 256
+
+
+def refusal(tenant: str, prefix: str) -> str | None:
+    """Why ``tenant`` may not subscribe to ``prefix``; None if it may."""
+    if not tenant:
+        return "not authenticated: connect with a tenant key"
+    if prefix.startswith(POOL_PREFIX):
+        return None
+    if prefix.startswith(f"{JOB_PREFIX}{tenant}/"):
+        return None
+    if prefix.startswith(JOB_PREFIX):
+        return "not your job" if prefix.count("/") >= 2 else \
+            f"job topics only under job/{tenant}/"
+    if POOL_PREFIX.startswith(prefix) or JOB_PREFIX.startswith(prefix):
+        return f"too broad: subscribe to {POOL_PREFIX} or {JOB_PREFIX}{tenant}/"
+    return "no such topic"
+
+
+def may_see(tenant: str, topic: str) -> bool:
+    return refusal(tenant, topic) is None
+
+
+@dataclass
+class Subscriber:
+    peer: bytes
+    tenant: str
+    prefixes: tuple[str, ...]
+    since: float
+    renew_by: float
+    sent: int = 0
+    dropped: int = 0
+    refused: int = 0
+
+    def wants(self, topic: str) -> bool:
+        return any(topic.startswith(p) for p in self.prefixes)
+
+
+@dataclass
+class Subscription:
+    """What the server does after a subscription request."""
+
+    reply: Subscribed
+    #: (topic, after seq): retained messages to resend, oldest first.
+    replay: list[tuple[str, int]] = field(default_factory=list)
+    #: Topics whose current condition a new subscriber should get at once.
+    conditions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FeedHub:
+    renew: float = 30.0
+    subscribers: dict[bytes, Subscriber] = field(default_factory=dict)
+    refused: int = 0
+
+    def subscribe(self, peer: bytes, tenant: str, request: Subscribe, now: float,
+                  topics: Mapping[str, int]) -> Subscription:
+        """Apply a (renewed) subscription; ``topics`` is every topic's newest seq."""
+        accepted: list[str] = []
+        refused: list[Refusal] = []
+        for prefix in dict.fromkeys(request.topics):
+            why = refusal(tenant, prefix)
+            if why is None and self._count(tenant, peer) + len(accepted) >= MAX_PER_TENANT:
+                why = f"more than {MAX_PER_TENANT} subscriptions"
+            if why is None:
+                accepted.append(prefix)
+            else:
+                refused.append(Refusal(prefix, why))
+        self.refused += len(refused)
+        old = self.subscribers.get(peer)
+        if accepted:
+            sub = self.subscribers[peer] = Subscriber(
+                peer, tenant, tuple(accepted), old.since if old else now, now + self.renew,
+                old.sent if old else 0, old.dropped if old else 0,
+                (old.refused if old else 0) + len(refused))
+        elif old is not None:
+            del self.subscribers[peer]
+            sub = None
+        else:
+            sub = None
+        visible = sorted(t for t in topics if sub is not None and sub.wants(t))
+        since = {p.topic: p.seq for p in request.since}
+        replay = [(t, since[t]) for t in visible if t in since and since[t] < topics[t]]
+        # A renewal says where it is (since); a new subscriber wants the present.
+        fresh = [t for t in visible if t not in since]
+        reply = Subscribed(tenant, tuple(accepted), tuple(refused)[:64],
+                           tuple(Position(t, topics[t]) for t in visible)[:1024], self.renew)
+        return Subscription(reply, replay, fresh if old is None or
+                            set(accepted) - set(old.prefixes) else [])
+
+    def _count(self, tenant: str, peer: bytes) -> int:
+        return sum(len(s.prefixes) for p, s in self.subscribers.items()
+                   if s.tenant == tenant and p != peer)
+
+    def targets(self, topic: str) -> list[Subscriber]:
+        return [s for s in self.subscribers.values() if s.wants(topic)]
+
+    def expire(self, now: float) -> list[Subscriber]:
+        gone = [s for s in self.subscribers.values() if s.renew_by < now]
+        for sub in gone:
+            del self.subscribers[sub.peer]
+        return gone
+
+    def drop(self, peers: Iterable[bytes]) -> None:
+        for peer in peers:
+            self.subscribers.pop(peer, None)
