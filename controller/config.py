@@ -10,6 +10,7 @@ from typing import Annotated, ClassVar
 from controller.redaction import RedactionConfig
 from harmonaize import config
 from harmonaize.config import AbsPath, Endpoint, LogLevel
+from harmonaize.metrics import MetricsSection
 from harmonaize.schema import Name, Num
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")
@@ -43,6 +44,9 @@ class FeedSection:
     republish: Annotated[float, Num(0.5, 3600.0)] = 10.0
     #: Messages queued per subscriber before a slow one starts losing them.
     send_hwm: Annotated[int, Num(10, 10_000_000)] = 10_000
+    #: Kernel send buffer per subscriber, bytes (caps what a stalled one pins in the
+    #: kernel beyond send_hwm); 0 leaves the kernel's autotuning.
+    socket_buffer: Annotated[int, Num(0, 64 * 1024 * 1024)] = 0
     #: Messages kept per topic for tenants that resume or saw a gap.
     retention: Annotated[int, Num(1, 1_000_000)] = 1000
     #: Seconds within which a tenant must renew its subscription (clients do it at a third).
@@ -70,6 +74,7 @@ class ControllerConfig:
     feed: FeedSection = field(default_factory=FeedSection)
     redaction: RedactionConfig = field(default_factory=RedactionConfig)
     auth: AuthSection = field(default_factory=AuthSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

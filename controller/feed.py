@@ -4,7 +4,8 @@ Sans-I/O. The server hands in subscription requests with the tenant's
 identity (from its CurveZMQ key, never from the request) and asks, per
 publication, which connections get it. The rules:
 
-* ``pool/...`` prefixes are open to every authenticated tenant;
+* ``pool/...`` prefixes are open to every tenant (with auth.mode = "none",
+  to anyone who can connect);
 * ``job/<tenant>/...`` only to that tenant, and only with the slash, so
   ``job/acme`` cannot reach ``job/acme2/``;
 * anything else -- ``""``, ``job/``, another tenant's jobs -- is refused, with
@@ -29,10 +30,10 @@ MAX_PER_TENANT = 256
 
 def refusal(tenant: str, prefix: str) -> str | None:
     """Why ``tenant`` may not subscribe to ``prefix``; None if it may."""
-    if not tenant:
-        return "not authenticated: connect with a tenant key"
     if prefix.startswith(POOL_PREFIX):
         return None
+    if not tenant:
+        return "not authenticated: job topics need a tenant key"
     if prefix.startswith(f"{JOB_PREFIX}{tenant}/"):
         return None
     if prefix.startswith(JOB_PREFIX):

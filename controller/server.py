@@ -32,6 +32,7 @@ from typing import Annotated, Any, ClassVar
 import zmq
 import zmq.asyncio
 
+from controller import selfmetrics
 from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
 from controller.cluster import Cluster
 from controller.cluster import Reply as ClusterReply
@@ -55,6 +56,7 @@ from harmonaize.messages import (
     decode,
     encode,
 )
+from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
 from harmonaize.schema import Ident, Len, SchemaError, from_plain, to_plain
 from harmonaize.sdnotify import Notifier
@@ -87,11 +89,18 @@ class PlacementRequest:
     members: Annotated[tuple[MemberRequest, ...], Len(4096, min_len=1)]
 
 
+def _sent(future: Any) -> BaseException | None:
+    """The error of a non-blocking asyncio send (it completes at once), if any."""
+    return future.exception() if future.done() else None
+
+
 class ControllerServer:
     def __init__(self, cfg: ControllerConfig, cfg_path: Path | None = None) -> None:
         self.cfg = cfg
         self.cfg_path = cfg_path
         self.started_at = time.monotonic()
+        self.started_wall = time.time()
+        self.metrics: MetricsServer | None = None
         self.notifier = Notifier()
         self.store = Store(cfg.controller.database)
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
@@ -158,6 +167,8 @@ class ControllerServer:
         # Sending to a gone or full subscriber fails at once instead of vanishing.
         self.tenants.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.tenants.setsockopt(zmq.SNDHWM, self.cfg.feed.send_hwm)
+        if self.cfg.feed.socket_buffer:
+            self.tenants.setsockopt(zmq.SNDBUF, self.cfg.feed.socket_buffer)
         self.tenants.setsockopt(zmq.RCVHWM, 100)
         self.tenants.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
         if pair is not None:
@@ -172,6 +183,11 @@ class ControllerServer:
         if self.zap is not None:
             self.zap.start()
         await self.admin.start()
+        if self.cfg.metrics.listen:
+            registry = Registry("harmonaize_controller")
+            registry.register("controller", lambda: selfmetrics.collect(self))
+            self.metrics = MetricsServer(self.cfg.metrics.listen, registry)
+            await self.metrics.start()
         self._flush_publications()
         self.notifier.ready(f"{len(self.cluster.hosts)} known hosts")
         log.info(
@@ -198,6 +214,8 @@ class ControllerServer:
                     await task
             self._commit()
             await self.admin.close()
+            if self.metrics is not None:
+                await self.metrics.close()
             for sock in (self.router, self.tenants):
                 if sock is not None:
                     sock.close()
@@ -267,8 +285,8 @@ class ControllerServer:
 
     def _send(self, conn: bytes, body: Message) -> None:
         assert self.router is not None
-        with contextlib.suppress(zmq.ZMQError):  # the peer may be gone: it will resync
-            self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK)
+        # Failure is fine: a gone peer resyncs, a full one resends what is unacknowledged.
+        _sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
 
     def _commit(self) -> None:
         records, events = self.cluster.take_dirty()
@@ -307,16 +325,13 @@ class ControllerServer:
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> bool:
         """Send without ever blocking; False if the peer's queue is full or it is gone."""
         assert self.tenants is not None
-        try:
-            self.tenants.send_multipart([peer, topic, frame], flags=zmq.NOBLOCK)
+        exc = _sent(self.tenants.send_multipart([peer, topic, frame], flags=zmq.NOBLOCK))
+        if exc is None:
             return True
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self.hub.drop([peer])  # disconnected: it renews when it comes back
-                self.feed_stats["gone"] += 1
-            return False
+        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+            self.hub.drop([peer])  # disconnected: it renews when it comes back
+            self.feed_stats["gone"] += 1
+        return False
 
     def _publish_changes(self) -> None:
         """Feed the redactor what changed; stage whatever it lets out now."""
@@ -391,9 +406,12 @@ class ControllerServer:
             latest = self.latest.get(topic)
             if latest is not None:
                 self._to_subscriber(sub, topic, latest[1])
-        for topic, after in result.replay:  # a resumed one gets what it missed
+        # A resumed one gets what it missed, a queue's worth at a time: it asks
+        # again for the rest, so a replay never overflows its own queue.
+        chunk = min(self.cfg.feed.retention, max(1, self.cfg.feed.send_hwm // 2))
+        for topic, after in result.replay:
             self.feed_stats["replays"] += 1
-            for _, frame in self.store.replay(topic, after, self.cfg.feed.retention):
+            for _, frame in self.store.replay(topic, after, chunk):
                 self._to_subscriber(sub, topic, frame)
 
     async def _tick_loop(self) -> None:

@@ -10,15 +10,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import zmq
+
+from harmonaize import keys
+from harmonaize import messages as m
+from harmonaize.messages import decode, encode
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tenant.client import FeedClient
 from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
-from harmonaize.testbed.keyring import Keyring
+from harmonaize.testbed.keyring import Credentials, Keyring
 from harmonaize.testbed.netns import Lab
 from tests.conftest import Spawn, free_port, python
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "it") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "it") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -89,6 +94,10 @@ def agent_config(workdir: Path, name: str, extra: str = "", endpoint: str = "",
         f'[agent]\nhost_id = "{name}"\nstate_dir = "{workdir / name}"\n'
         f'[socket]\npath = "{workdir / name}.sock"\ngroup = "{group}"\n'
         f'[controller]\nendpoint = "{endpoint}"\n' + auth + extra + links
+        # Each test agent keeps its tuning policies to itself, and leaves the
+        # machine's interfaces alone, unless the test configures tuning itself.
+        + ("" if "[tuning]" in extra + links else
+           f'[tuning]\npolicy_dir = "{workdir / name / "tuner"}"\nhtb = false\n')
     )
     return path
 
@@ -156,3 +165,43 @@ def fake_gpus(workdir: Path, gpus: int = 8) -> tuple[FakeNvml, dict[str, str]]:
 def gpu_section(call_timeout: float = 0.5, extra: str = "") -> str:
     return (f'[observers.gpu]\nnvml_library = "{library_path()}"\n'
             f"call_timeout = {call_timeout}\nslow_interval = 0.2\n" + extra)
+
+
+class FakeAgent:
+    """A raw DEALER speaking the real protocol (or not, on purpose)."""
+
+    def __init__(self, ctx: zmq.Context, controller: Controller, host: str = "h1",
+                 creds: Credentials | None = None, *, plain: bool = False) -> None:
+        """With ``plain``, no CurveZMQ (for a controller with auth.mode = "none")."""
+        self.host = host
+        if not plain and creds is None:
+            creds = keyring(controller.workdir).agent(host)
+        self.sock = curve_dealer(ctx, controller, None if plain else creds)
+
+    def send(self, body: m.Message, seq: int = 0) -> None:
+        self.sock.send(encode(body, sender=self.host, seq=seq))
+
+    def recv(self, timeout: float = 5.0) -> m.Message:
+        assert self.sock.poll(int(timeout * 1000)), "no reply from the controller"
+        return decode(self.sock.recv()).body
+
+    def hello(self, epoch: int = 1, acked: int = 0, pool: str = "p") -> m.Message:
+        self.send(m.Hello(pool=pool, gpu_class="H200", gpus=8, version="t", epoch=epoch,
+                          acked=acked, heartbeat=1.0))
+        return self.recv()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def curve_dealer(ctx: zmq.Context, controller: Controller, creds: Credentials | None,
+                 endpoint: str | None = None, options: dict[int, int] | None = None,
+                 ) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    for option, value in (options or {}).items():  # before connecting, or they do not apply
+        sock.setsockopt(option, value)
+    if creds is not None:
+        keys.curve_client(sock, keys.load_pair(creds.key), keys.load_public(creds.server_key))
+    sock.connect(endpoint or controller.listen)
+    return sock

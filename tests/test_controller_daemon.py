@@ -12,13 +12,11 @@ import msgpack
 import pytest
 import zmq
 
-from harmonaize import keys
 from harmonaize import messages as m
-from harmonaize.messages import decode, encode
-from harmonaize.testbed.keyring import Credentials
 from tests.conftest import needs_root
 from tests.daemons import (
-    Controller,
+    FakeAgent,
+    curve_dealer,
     keyring,
     python,
     start_agent,
@@ -30,37 +28,6 @@ from tests.daemons import (
 pytestmark = [pytest.mark.foundation, needs_root]
 
 SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
-
-
-class FakeAgent:
-    """A raw DEALER speaking the real protocol (or not, on purpose)."""
-
-    def __init__(self, ctx: zmq.Context, controller: Controller, host: str = "h1",
-                 creds: Credentials | None = None) -> None:
-        self.host = host
-        self.sock = curve_dealer(ctx, controller, creds or keyring(controller.workdir).agent(host))
-
-    def send(self, body: m.Message, seq: int = 0) -> None:
-        self.sock.send(encode(body, sender=self.host, seq=seq))
-
-    def recv(self, timeout: float = 5.0) -> m.Message:
-        assert self.sock.poll(int(timeout * 1000)), "no reply from the controller"
-        return decode(self.sock.recv()).body
-
-    def hello(self, epoch: int = 1, acked: int = 0) -> m.Message:
-        self.send(m.Hello(pool="p", gpu_class="H200", gpus=8, version="t", epoch=epoch,
-                          acked=acked, heartbeat=1.0))
-        return self.recv()
-
-
-def curve_dealer(ctx: zmq.Context, controller: Controller, creds: Credentials | None,
-                 endpoint: str | None = None) -> zmq.Socket:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    if creds is not None:
-        keys.curve_client(sock, keys.load_pair(creds.key), keys.load_public(creds.server_key))
-    sock.connect(endpoint or controller.listen)
-    return sock
 
 
 @pytest.fixture

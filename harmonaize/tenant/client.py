@@ -51,6 +51,9 @@ from harmonaize.messages import (
 
 #: Renew this often until the controller says how long a subscription lasts.
 DEFAULT_RENEW = 10.0
+#: While a gap is open, ask for the missing messages again this often (a resend
+#: can itself be lost when our queue at the controller is full).
+GAP_RETRY = 0.5
 MAX_POSITIONS = 1024
 
 
@@ -92,7 +95,8 @@ class _Topic:
     last: int = 0                      # highest seq delivered (or skipped to)
     known: bool = False                # last is meaningful
     held: dict[int, FeedMessage] = field(default_factory=dict)  # waiting behind a gap
-    gap_since: float | None = None
+    gap_since: float | None = None     # a gap is open since (or made progress at) this time
+    asked_at: float = 0.0              # when the missing messages were last asked for
     condition: dict[str, Message] = field(default_factory=dict)  # last delivered, by kind
 
 
@@ -215,7 +219,7 @@ class FeedClient:
 
     def _next_wake(self, now: float, deadline: float | None) -> float:
         wakes = [self._next_renew - now]
-        wakes += [s.gap_since + self.gap_timeout - now
+        wakes += [min(s.gap_since + self.gap_timeout, s.asked_at + GAP_RETRY) - now
                   for s in self._topics.values() if s.gap_since is not None]
         if deadline is not None:
             wakes.append(deadline - now)
@@ -225,12 +229,17 @@ class FeedClient:
         if now >= self._next_renew:
             self._subscribe(now)
         for topic, state in self._topics.items():
-            if state.gap_since is not None and now - state.gap_since >= self.gap_timeout:
-                # Not retained any more: skip to what we have, and say so.
+            if state.gap_since is None:
+                continue
+            if now - state.gap_since >= self.gap_timeout:
+                # No progress for that long: not retained any more. Skip, and say so.
                 self.stats.gaps += 1
                 state.gap_since = None
                 state.last = min(state.held) - 1
                 self._release(topic, state)
+            elif now - state.asked_at >= GAP_RETRY:
+                state.asked_at = now
+                self._subscribe(now, {topic: state.last})
 
     def _pump(self) -> None:
         while True:
@@ -285,21 +294,23 @@ class FeedClient:
             return
         state.held[message.seq] = message
         if message.seq > state.last + 1 and state.gap_since is None:
-            state.gap_since = time.monotonic()
-            self._subscribe(time.monotonic(), {topic: state.last})  # ask for the missing
+            now = time.monotonic()
+            state.gap_since = state.asked_at = now
+            self._subscribe(now, {topic: state.last})  # ask for the missing
         self._release(topic, state)
 
     def _release(self, topic: str, state: _Topic) -> None:
-        filled = state.gap_since is not None
+        start = state.last
         while state.last + 1 in state.held:
             state.last += 1
             self._deliver(state, state.held.pop(state.last))
+        if state.gap_since is None:
+            return
         if not state.held:
-            if filled and state.gap_since is not None:
-                self.stats.recovered += 1
+            self.stats.recovered += 1
             state.gap_since = None
-        elif state.gap_since is None:
-            state.gap_since = time.monotonic()
+        elif state.last > start:
+            state.gap_since = time.monotonic()  # progress: the clock starts again
 
     def _deliver(self, state: _Topic, message: FeedMessage) -> None:
         if message.category is Category.CONDITION:
