@@ -106,13 +106,26 @@ def generate(directory: str | os.PathLike[str], name: str, *,
     if not overwrite and (public_path.exists() or secret_path.exists()):
         raise KeyFileError(f"{secret_path}: exists already (refusing to replace a key)")
     public, secret = zmq.curve_keypair()
-    comment = f"# CurveZMQ key of {name}\n"
     fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         os.fchmod(fh.fileno(), 0o600)
-        fh.write(f'{comment}public-key = "{public.decode()}"\nsecret-key = "{secret.decode()}"\n')
-    public_path.write_text(f'{comment}public-key = "{public.decode()}"\n')
+        fh.write(f'{_comment(name)}public-key = "{public.decode()}"\n'
+                 f'secret-key = "{secret.decode()}"\n')
+    write_public(directory, name, public)
     return public_path, secret_path
+
+
+def _comment(name: str) -> str:
+    return f"# CurveZMQ key of {name}\n"
+
+
+def write_public(directory: str | os.PathLike[str], name: str, public: bytes) -> Path:
+    """File ``public`` as ``NAME.key`` (e.g. into a controller's allow-list)."""
+    if not NAME.fullmatch(name):
+        raise KeyFileError(f"{name!r}: a key name is letters, digits and ._:@+- (up to 128)")
+    path = Path(directory) / f"{name}{PUBLIC_SUFFIX}"
+    path.write_text(f'{_comment(name)}public-key = "{public.decode()}"\n')
+    return path
 
 
 def allowed_keys(directory: str | os.PathLike[str]) -> tuple[dict[bytes, str], list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.outbox import Outbox
+from agent.spool import Spool
 from harmonaize.messages import GpuCounts, Health, HostEvent, HostSummary, Severity
 
 pytestmark = pytest.mark.foundation
@@ -93,3 +94,30 @@ def test_the_window_bounds_what_is_in_flight() -> None:
     assert drain(box, 0.0) == [1, 2]
     box.ack(1)
     assert drain(box, 0.0) == [3]
+
+
+@pytest.mark.controller
+def test_the_spool_carries_unacknowledged_events_across_a_restart(tmp_path) -> None:
+    path = tmp_path / "spool.db"
+    box = Outbox(limit=4, ack_timeout=1.0, spool=Spool(path, "h1"))
+    for n in range(1, 6):
+        box.add(event(n))  # E1 is dropped: the queue holds 4
+    box.add(summary(8))  # E2 is dropped for it: conditions are never dropped
+    box.add(summary(7))  # replaces the unsent summary, and is never spooled
+    assert box.dropped == 2 and drain(box, 0.0) == [1, 2, 3, 4]  # E3 E4 E5 S7
+    box.ack(2)  # E3 and E4 are stored at the controller
+    assert box.spool is not None
+    box.spool.close()
+    # The agent is killed here; a new run finds what was not acknowledged.
+    again = Outbox(limit=100, ack_timeout=1.0, spool=Spool(path, "h1"))
+    assert again.restored == 1
+    again.add(event(6))
+    bodies = [again.take(0.0) for _ in range(2)]
+    assert [b[1].reason for b in bodies if b] == ["E5", "E6"]
+    again.ack(2)
+    assert again.spool is not None
+    assert Spool(path, "h1").load() == []
+    # A damaged row is dropped and counted, never fatal.
+    again.spool.db.execute("INSERT INTO events (frame) VALUES (x'00ff')")
+    damaged = Spool(path, "h1")
+    assert damaged.load() == [] and damaged.unreadable == 1
