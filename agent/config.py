@@ -15,6 +15,7 @@ from typing import Annotated, ClassVar
 from agent.gpu.actions import Action
 from harmonaize import config
 from harmonaize.config import AbsPath, Endpoint, LogLevel, OptionalPath
+from harmonaize.metrics import MetricsSection
 from harmonaize.schema import Fraction, Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/agent.toml")
@@ -290,6 +291,46 @@ class ValidationSection:
 
 
 @dataclass(frozen=True)
+class TuningSection:
+    """The micro-level loop: NCCL policies for declared jobs, and bulk traffic classes."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    enabled: bool = True
+    #: Policies for the NCCL tuner plugin (and each job's next-launch NCCL file) go here;
+    #: the plugin reads HARMONAIZE_TUNER_DIR, default the same path.
+    policy_dir: AbsPath = "/run/harmonaize/tuner"
+    #: At most this many choice changes per job and minute.
+    max_changes_per_minute: Annotated[int, Num(1, 600)] = 6
+    #: Seconds a calmer link level must last before a job's choice steps down.
+    hold: Annotated[float, Num(0.0, 3600.0)] = 5.0
+    #: A change activates this many seconds of a communicator's collectives ahead ...
+    activation_lead: Annotated[float, Num(0.0, 60.0)] = 0.5
+    #: ... and at least this many collectives ahead.
+    activation_margin: Annotated[int, Num(1, 1_000_000)] = 64
+    #: Seconds between proposals to the controller while a change is being agreed.
+    proposal_refresh: Annotated[float, Num(0.1, 3600.0)] = 5.0
+    #: A rank whose collective count has not moved for this long counts as idle.
+    stall: Annotated[float, Num(0.1, 3600.0)] = 10.0
+    #: The plugin ignores a policy not heartbeated for this long (NCCL's choice then).
+    stale_after: Annotated[float, Num(0.5, 3600.0)] = 10.0
+    #: Link classes whose congestion drives the choice.
+    link_classes: Annotated[tuple[Ident, ...], Len(16, min_len=1)] = ("data",)
+    #: Keep collectives ahead of declared bulk traffic with HTB on these link classes.
+    htb: bool = True
+    htb_link_classes: Annotated[tuple[Ident, ...], Len(16)] = ("data",)
+    #: Share of a shaped link the collectives keep however large the bulk floors.
+    collective_share: Annotated[float, Num(0.01, 1.0)] = 0.1
+    #: NCCL_IB_TC recommended for the next launch (the fabric's class for
+    #: collectives); -1: none.
+    ib_traffic_class: Annotated[int, Num(-1, 255)] = -1
+    #: Next-launch recommendations for congestion once a job was congested this share
+    #: of the time.
+    congested_share: Fraction = 0.2
+    #: Seconds after a start before files of jobs nobody declared again are removed.
+    orphan_grace: Annotated[float, Num(0.0, 86400.0)] = 60.0
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     STRICT_KEYS: ClassVar[bool] = True
     agent: AgentSection = field(default_factory=AgentSection)
@@ -297,6 +338,8 @@ class AgentConfig:
     controller: ControllerSection = field(default_factory=ControllerSection)
     observers: ObserversSection = field(default_factory=ObserversSection)
     validation: ValidationSection = field(default_factory=ValidationSection)
+    tuning: TuningSection = field(default_factory=TuningSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
 
 
 def load(path: Path | None = None) -> tuple[AgentConfig, Path | None]:

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import zmq.asyncio
 
 from agent import config as agent_config
+from agent import selfmetrics
 from agent.config import AgentConfig
 from agent.gpuhealth import GpuView
 from agent.gpuviews import gpu_row, health_row
@@ -29,6 +31,7 @@ from agent.observers import ObserverSet
 from agent.observers.links import LinksObserver, links_table
 from agent.observers.rdma import RdmaSample
 from agent.spool import Spool
+from agent.tuning.service import TuningService
 from agent.uplink import Uplink
 from agent.validation.service import ValidationService
 from harmonaize import __version__, keys
@@ -40,7 +43,9 @@ from harmonaize.messages import (
     JobDeclaration,
     Message,
     Severity,
+    TuningDecision,
 )
+from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
 from harmonaize.schema import SchemaError, from_plain, to_plain
 from harmonaize.sdnotify import Notifier
@@ -74,6 +79,7 @@ class AgentDaemon:
         #: What tenants declared for their jobs (from the controller, or an operator).
         self.declarations: dict[str, JobDeclaration] = {}
         self.validation: ValidationService | None = None
+        self.tuning: TuningService | None = None
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
@@ -81,6 +87,8 @@ class AgentDaemon:
         self.woken_steps = 0
         self.last_pass_seconds = 0.0
         self.events_logged = 0
+        self.events_by_reason: Counter[str] = Counter()
+        self.metrics: MetricsServer | None = None
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
         self.uplink: Uplink | None = None
@@ -136,6 +144,12 @@ class AgentDaemon:
         self.notifier.status("starting observers")
         Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
         curve = self._uplink_keys()  # before anything starts: a missing key is fatal
+        # First: a taken port stops the start before anything else is running.
+        if self.cfg.metrics.listen:
+            registry = Registry("harmonaize_agent")
+            registry.register("agent", lambda: selfmetrics.collect(self))
+            self.metrics = MetricsServer(self.cfg.metrics.listen, registry)
+            await self.metrics.start()
         self.observers.start_all()
         await self.opsocket.start()
         if self.cfg.validation.enabled:
@@ -144,6 +158,10 @@ class AgentDaemon:
                 retired_pages_limit=self.cfg.observers.gpu.retired_pages_limit,
                 publish=self._publish, emit=self._emit, allowance=self._pause_allowance)
             self.validation.start(loop)
+        if self.cfg.tuning.enabled:
+            self.tuning = TuningService(self.cfg.tuning, self.cfg.observers.links,
+                                        publish=self._publish)
+            self.tuning.start(time.time())
         self._step(time.time())  # the first summary (and GPU count) before the hello
         if self.cfg.controller.endpoint:
             self._ctx = zmq.asyncio.Context()
@@ -152,6 +170,7 @@ class AgentDaemon:
             self.uplink = Uplink(
                 self._ctx, self.cfg.controller, self.host_id, self._hello,
                 on_resync=self.republisher.force, on_declaration=self._declared,
+                on_decision=self._decided,
                 spool=spool, curve=curve,
             )
             if self.uplink.outbox.restored:
@@ -194,11 +213,15 @@ class AgentDaemon:
                 await task
         if self.validation is not None:
             self.validation.stop()  # kills running checks before anything else goes
+        if self.tuning is not None:
+            self.tuning.stop()  # removes our traffic classes; policies go stale
         if self.uplink is not None:
             self.uplink.close("agent stopping")
         if self._ctx is not None:
             self._ctx.term()
         await self.opsocket.close()
+        if self.metrics is not None:
+            await self.metrics.close()
         self.observers.stop_all()
         self.notifier.close()
 
@@ -221,6 +244,8 @@ class AgentDaemon:
                 ("socket", self.cfg.socket, new.socket),
                 ("controller.endpoint", self.cfg.controller.endpoint, new.controller.endpoint),
                 ("agent.state_dir", self.cfg.agent.state_dir, new.agent.state_dir),
+                ("tuning", self.cfg.tuning, new.tuning),
+                ("metrics.listen", self.cfg.metrics.listen, new.metrics.listen),
             )
             if old != fresh
         ]
@@ -310,6 +335,8 @@ class AgentDaemon:
             self._publish(advisory)
         if self.validation is not None:
             self.validation.step(result.gpus.gpus, now)
+        if self.tuning is not None:
+            self.tuning.step(observations, now)
         if self.republisher.due(result.summary, now) and self.uplink is not None:
             self.uplink.publish(result.summary)
 
@@ -318,6 +345,7 @@ class AgentDaemon:
             self.uplink.publish(message)
 
     def _declared(self, declaration: JobDeclaration) -> None:
+        self._tune_declared(declaration)
         if declaration.withdrawn:
             if self.declarations.pop(declaration.job, None) is not None:
                 log.info("job %s: declaration withdrawn", declaration.job)
@@ -330,6 +358,22 @@ class AgentDaemon:
                  "ranges", declaration.job, declaration.revision,
                  declaration.max_validation_pause, len(declaration.tuning))
 
+    def _tune_declared(self, declaration: JobDeclaration) -> None:
+        if self.tuning is None:
+            return
+        try:
+            if declaration.withdrawn:
+                if declaration.job in self.tuning.loop.jobs:
+                    self.tuning.withdraw(declaration.job, time.time())
+            else:
+                self.tuning.declare(declaration, time.time())
+        except ValueError as exc:
+            log.warning("job %s: declaration not applied to tuning: %s", declaration.job, exc)
+
+    def _decided(self, decision: TuningDecision) -> None:
+        if self.tuning is not None:
+            self.tuning.decision(decision, time.time())
+
     def _pause_allowance(self, job: str) -> float:
         declaration = self.declarations.get(job)
         return declaration.max_validation_pause if declaration else 0.0
@@ -338,6 +382,7 @@ class AgentDaemon:
         level = logging.WARNING if event.severity is not Severity.INFO else logging.INFO
         log.log(level, "event %s %s", event.reason, event.message)
         self.events_logged += 1
+        self.events_by_reason[event.reason] += 1
         if self.uplink is not None:
             self.uplink.publish(event)
 
@@ -374,6 +419,9 @@ class AgentDaemon:
                                "passes (force: without validating)", changes=True),
             "declare": Command(self._cmd_declare, "set a job's declaration on this host",
                                changes=True),
+            "jobs": Command(self._cmd_jobs, "declared jobs, their tuning choice and why"),
+            "policy": Command(self._cmd_policy, "a job's declaration, policy, reason and "
+                              "history (job)"),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -468,6 +516,17 @@ class AgentDaemon:
 
     def _cmd_release(self, args: dict[str, Any]) -> dict[str, Any]:
         return self._service().command_release(args, self._gpu_views(), time.time())
+
+    def _tuning(self) -> TuningService:
+        if self.tuning is None:
+            raise CommandError("tuning is disabled (tuning.enabled = false)")
+        return self.tuning
+
+    def _cmd_jobs(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._tuning().jobs_view(time.time())
+
+    def _cmd_policy(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self._tuning().policy_view(args, time.time())
 
     def _cmd_declare(self, args: dict[str, Any]) -> dict[str, Any]:
         try:

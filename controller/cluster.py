@@ -31,6 +31,7 @@ from harmonaize.messages import (
     JobAdvisory,
     Message,
     Resync,
+    TuningProposal,
     ValidationNotice,
 )
 
@@ -95,6 +96,8 @@ class Cluster:
     new_events: list[StoredEvent] = field(default_factory=list)
     #: Job-scoped advice and notices from agents, for the shell to route to the job's tenant.
     advisories: list[JobAdvisory | ValidationNotice] = field(default_factory=list)
+    #: Tuning proposals (host, proposal), for the shell's agreement on multi-host jobs.
+    proposals: list[tuple[str, TuningProposal]] = field(default_factory=list)
     #: Set whenever something tenants may see could have changed.
     changed: bool = True
 
@@ -145,6 +148,8 @@ class Cluster:
             self.new_events.append(StoredEvent(host_id, host.epoch, env.seq, env.time, body))
         elif isinstance(body, JobAdvisory | ValidationNotice):
             self.advisories.append(body)
+        elif isinstance(body, TuningProposal):
+            self.proposals.append((host_id, body))
         self.counters["accepted"] += 1
         return [Reply(conn, Ack(env.seq))]
 

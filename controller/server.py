@@ -33,6 +33,7 @@ import zmq
 import zmq.asyncio
 
 from controller import selfmetrics
+from controller.agreement import Agreement
 from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
 from controller.cluster import Cluster
 from controller.cluster import Reply as ClusterReply
@@ -106,8 +107,12 @@ class ControllerServer:
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(self.store.load_hosts(), time.monotonic())
         self.redactor = Redactor(cfg.redaction, random.Random())
+        #: Multi-host jobs' tuning: every host publishes the same choice from the same point.
+        self.decision_numbers = self.store.load_decision_numbers()
+        self.agreement = Agreement(numbers=self.decision_numbers)
         for placement in self.store.load_placements():
             self.redactor.place(placement)
+            self.agreement.set_hosts(placement.job, {m.host_id for m in placement.members})
         #: Sequence numbers are per topic, so a tenant's gaps say nothing about
         #: traffic on topics it cannot see.
         self.feed_seqs = self.store.load_feed_seqs()
@@ -333,9 +338,29 @@ class ControllerServer:
             self.feed_stats["gone"] += 1
         return False
 
+    def _agree(self, now: float) -> None:
+        """Proposals from the job's own hosts in; decisions out to all of its hosts."""
+        proposals, self.cluster.proposals = self.cluster.proposals, []
+        for host_id, proposal in proposals:
+            if host_id in self._hosts_of(proposal.job):
+                self.agreement.propose(host_id, proposal, now)
+            else:
+                self.feed_stats["foreign_proposals"] += 1
+        for decision in self.agreement.step(now):
+            log.info("job %s: tuning choice %s (decision %d) for %d communicators",
+                     decision.job, decision.choice, decision.decision,
+                     len(decision.activations))
+            self.decision_numbers[decision.job] = decision.decision
+            self.store.save_decision_numbers(self.decision_numbers)
+            for host_id in sorted(self._hosts_of(decision.job)):
+                conn = self.cluster.conn_of.get(host_id)
+                if conn is not None:
+                    self._send(conn, decision)
+
     def _publish_changes(self) -> None:
         """Feed the redactor what changed; stage whatever it lets out now."""
         now = time.monotonic()
+        self._agree(now)
         advisories, self.cluster.advisories = self.cluster.advisories, []
         for advisory in advisories:
             self.redactor.advisory(advisory, now)
@@ -459,6 +484,7 @@ class ControllerServer:
         self.store.save_declaration(tenant, declaration)
         self.feed_stats["declarations"] += 1
         self._forward(declaration)
+        self.agreement.declared(declaration.job, declaration.revision)
         return None
 
     def _hosts_of(self, job: str) -> set[str]:
@@ -472,16 +498,23 @@ class ControllerServer:
                 self._send(conn, declaration)
 
     def _withdraw(self, job: str) -> None:
+        self.agreement.forget(job)
         if self.declarations.pop(job, None) is None:
             return
         self.store.delete_declaration(job)
         self._forward(JobDeclaration(job, withdrawn=True))
 
     def _declarations_for(self, host_id: str, conn: bytes) -> list[Any]:
-        """A (re)connecting agent learns the declarations of the jobs it hosts."""
-        return [ClusterReply(conn, declaration)
-                for _, declaration in self.declarations.values()
-                if host_id in self._hosts_of(declaration.job)]
+        """A (re)connecting agent learns the declarations of the jobs it hosts, and the
+        tuning decisions in force for them."""
+        replies: list[Any] = []
+        for _, declaration in self.declarations.values():
+            if host_id in self._hosts_of(declaration.job):
+                replies.append(ClusterReply(conn, declaration))
+                decision = self.agreement.current(declaration.job)
+                if decision is not None:
+                    replies.append(ClusterReply(conn, decision))
+        return replies
 
     # --- admin commands ------------------------------------------------------------------
 
@@ -602,7 +635,9 @@ class ControllerServer:
                 for p in self.redactor.current()]
 
     def _cmd_jobs(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        return [to_plain(p) for _, p in sorted(self.redactor.placements.items())]
+        return [{**to_plain(p), "declared": job in self.declarations,
+                 "tuning": self.agreement.status(job)}
+                for job, p in sorted(self.redactor.placements.items())]
 
     def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -617,6 +652,7 @@ class ControllerServer:
             self._withdraw(record.job)
         self.store.save_placement(record)
         self.redactor.place(record)
+        self.agreement.set_hosts(record.job, {m.host_id for m in record.members})
         self.cluster.changed = True
         self._flush_publications()
         declared = self.declarations.get(record.job)
@@ -631,6 +667,7 @@ class ControllerServer:
         self._withdraw(job)
         self.store.delete_placement(job)
         self.redactor.remove_job(job)
+        self.agreement.forget(job)
         return {"job": job}
 
     def _cmd_events(self, args: dict[str, Any]) -> list[dict[str, Any]]:

@@ -158,6 +158,19 @@ class Store:
         with self.db:
             self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
 
+    def load_decision_numbers(self) -> dict[str, int]:
+        raw = self.get_meta("decision_numbers")
+        try:
+            numbers = json.loads(raw) if isinstance(raw, str) else {}
+        except ValueError:
+            return {}
+        return {k: v for k, v in numbers.items() if isinstance(k, str) and isinstance(v, int)}
+
+    def save_decision_numbers(self, numbers: dict[str, int]) -> None:
+        """Decision numbers only ever rise, also across restarts: agents drop repeats."""
+        with self.db:
+            self.set_meta("decision_numbers", json.dumps(numbers, sort_keys=True))
+
     def latest_conditions(self) -> dict[str, tuple[int, bytes]]:
         """Each topic's newest condition frame, to serve late joiners after a restart."""
         rows = self.db.execute(

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize import keys
+from harmonaize.completion import bash_completion, subcommands
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tables import fields, table
+from harmonaize.tuningtables import render_jobs, render_policy
 
 AGENT_SOCKET = "/run/harmonaize/agent.sock"
 CONTROLLER_SOCKET = "/run/harmonaize/controller.sock"
@@ -301,6 +303,12 @@ def _render_simple(result: Any) -> str:
     return json.dumps(result, indent=2)
 
 
+def _render_help(result: dict[str, Any]) -> str:
+    rows = [{"command": name, "who": "root" if info.get("root_only") else "group",
+             "help": info.get("help")} for name, info in sorted(result.items())]
+    return table(rows, [("command", "COMMAND"), ("who", "WHO"), ("help", "WHAT")])
+
+
 Renderer = Callable[[Any], str]
 AGENT_RENDERERS: dict[str, Renderer] = {
     "status": _render_agent_status,
@@ -308,6 +316,9 @@ AGENT_RENDERERS: dict[str, Renderer] = {
     "gpus": _render_gpus,
     "health": _render_health,
     "validations": _render_validations,
+    "jobs": render_jobs,
+    "policy": render_policy,
+    "help": _render_help,
 }
 CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "status": _render_controller_status,
@@ -318,6 +329,7 @@ CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "feed": _render_feed,
     "tenants": _render_tenants,
     "pools": _render_pools,
+    "help": _render_help,
 }
 
 
@@ -368,7 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("hosts", parents=[common], help="(controller) every known host")
     sub.add_parser("capacity", parents=[common], help="(controller) tenant-visible capacity")
     events = sub.add_parser("events", parents=[common], help="(controller) recent host events")
-    sub.add_parser("jobs", parents=[common], help="(controller) jobs' placements")
+    sub.add_parser("jobs", parents=[common],
+                   help="declared jobs and their tuning choice (-C: jobs' placements)")
+    policy = sub.add_parser("policy", parents=[common],
+                            help="a job's declaration, policy, reason and history")
+    policy.add_argument("job")
     place = sub.add_parser("place", parents=[common],
                            help="(controller) record a job's placement from a JSON file: "
                            '{"job", "tenant", "members": [{"name", "host"}]}')
@@ -387,7 +403,25 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--dir", type=Path, default=Path(DEFAULT_KEYS_DIR),
                         help="where to write NAME.key and NAME.key_secret (default %(default)s)")
     sub.add_parser("help", parents=[common], help="commands the server offers")
+    watch = sub.add_parser("watch", parents=[common],
+                           help="redraw a read-only command every second until Ctrl-C "
+                           "(--json: one JSON line per update)")
+    watch.add_argument("watched", nargs="?", default="status", choices=WATCHABLE,
+                       metavar="COMMAND", help="what to show (default status)")
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between updates")
+    watch.add_argument("--count", type=int, help="stop after this many updates")
+    watch.add_argument("--limit", type=int, help="with events or validations: how many")
+    completion = sub.add_parser("completion", parents=[common],
+                                help="print a shell completion script (local)")
+    completion.add_argument("shell", choices=("bash",))
     return parser
+
+
+#: Commands ``watch`` may repeat: they only read.
+WATCHABLE = ("status", "links", "gpus", "health", "validations", "hosts", "capacity", "events",
+             "jobs", "feed", "tenants", "pools")
+#: Commands answered by harmonctl itself, without a daemon.
+LOCAL = ("keygen", "watch", "completion")
 
 
 def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
@@ -409,7 +443,7 @@ def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(placement, dict):
             raise SystemExit(f"harmonctl: {ns.file.name}: expected a JSON object")
         return placement
-    if ns.command == "unplace":
+    if ns.command in ("unplace", "policy"):
         return {"job": ns.job}
     return {}
 
@@ -435,44 +469,119 @@ def _keygen(ns: argparse.Namespace, as_json: bool) -> int:
     return 0
 
 
+class Failure(Exception):
+    """Talking to a daemon failed; the message says what to do about it."""
+
+
+def call(ns: argparse.Namespace, command: str, args: dict[str, Any]) -> Any:
+    """One request to the agent (or with -C the controller); raises :class:`Failure`."""
+    path = ns.controller or ns.socket
+    who = "controller" if ns.controller else "agent"
+    try:
+        return request(path, command, args, timeout=ns.timeout)
+    except FileNotFoundError:
+        raise Failure(f"no {who} socket at {path}: is harmonaize-{who} running?") from None
+    except PermissionError:
+        raise Failure(f"permission denied on {path}: use root, or join the socket's group "
+                      "(harmonaize)") from None
+    except ConnectionRefusedError:
+        raise Failure(f"{path} refuses connections: harmonaize-{who} is not running") from None
+    except TimeoutError:
+        raise Failure(f"the {who} did not answer within {ns.timeout:g} s") from None
+    except CommandError as exc:
+        message = str(exc)
+        if message == "permission denied":  # the daemon's verdict on our uid and groups
+            message += ": use root, or join the socket's group (harmonaize)"
+        raise Failure(message) from None
+    except OSError as exc:
+        reason = errno.errorcode.get(exc.errno or 0, "error")
+        raise Failure(f"cannot talk to {path}: {exc.strerror or reason}") from None
+    except ValueError as exc:  # not JSON: something else listens there
+        raise Failure(f"{path} did not answer in the operator protocol: {exc}") from None
+
+
+def render(ns: argparse.Namespace, command: str, result: Any) -> str:
+    renderers = CONTROLLER_RENDERERS if ns.controller else AGENT_RENDERERS
+    return renderers.get(command, _render_simple)(result)
+
+
+def _watch(ns: argparse.Namespace, as_json: bool) -> int:
+    """Redraw ``ns.watched`` every ``--interval`` seconds; Ctrl-C ends it (status 0)."""
+    if ns.interval <= 0 or (ns.count is not None and ns.count < 1):
+        print("harmonctl: --interval and --count must be positive", file=sys.stderr)
+        return 2
+    args = {"limit": ns.limit} if ns.limit is not None else {}
+    tty = sys.stdout.isatty()
+    began = time.monotonic()
+    ok = False
+    shown = 0
+    try:
+        while ns.count is None or shown < ns.count:
+            if shown:  # on a fixed grid, so a slow answer does not make the view drift
+                time.sleep(max(0.0, began + shown * ns.interval - time.monotonic()))
+            shown += 1
+            try:
+                result = call(ns, ns.watched, args)
+                ok = True
+            except Failure as exc:
+                ok = False
+                result, error = None, str(exc)
+            if as_json:
+                line = {"result": result} if ok else {"error": error}
+                print(json.dumps({"time": round(time.time(), 3), **line}, sort_keys=True),
+                      flush=True)
+                continue
+            body = render(ns, ns.watched, result) if ok else f"harmonctl: {error}"
+            header = (f"harmonctl {ns.watched}, every {ns.interval:g} s (Ctrl-C ends)"
+                      f"    {time.strftime('%H:%M:%S')}")
+            # Home and clear on a terminal; a pipe gets the frames one after the other.
+            sys.stdout.write(("\x1b[H\x1b[2J" if tty else "") + f"{header}\n\n{body}\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 0
+    return 0 if ok else 1
+
+
+def _normalize(argv: list[str]) -> list[str]:
+    """``-C hosts`` means the default admin socket, not a socket named "hosts"."""
+    commands = set(_command_names())
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in ("-C", "--controller") and out[i + 1] in commands:
+            out[i] = "--controller=" + os.environ.get("HARMONCTL_ADMIN_SOCKET",
+                                                      CONTROLLER_SOCKET)
+    return out
+
+
+def _command_names() -> list[str]:
+    return list(subcommands(build_parser()))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = _normalize(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
     as_json = getattr(ns, "json", False)
     if ns.command == "keygen":
         return _keygen(ns, as_json)
-    path = ns.controller or ns.socket
-    who = "controller" if ns.controller else "agent"
+    if ns.command == "completion":
+        script = bash_completion(build_parser())
+        if as_json:
+            print(json.dumps({"shell": ns.shell, "script": script}))
+        else:
+            print(script, end="")
+        return 0
+    if ns.command == "watch":
+        return _watch(ns, as_json)
     try:
-        result = request(path, ns.command, _args_for(ns), timeout=ns.timeout)
-    except FileNotFoundError:
-        print(f"harmonctl: no {who} socket at {path}: is harmonaize-{who} running?",
-              file=sys.stderr)
-        return 1
-    except PermissionError:
-        print(f"harmonctl: permission denied on {path}: use root, or join the socket's group",
-              file=sys.stderr)
-        return 1
-    except ConnectionRefusedError:
-        print(f"harmonctl: {path} refuses connections: harmonaize-{who} is not running",
-              file=sys.stderr)
-        return 1
-    except TimeoutError:
-        print(f"harmonctl: the {who} did not answer within {ns.timeout:g} s", file=sys.stderr)
-        return 1
-    except CommandError as exc:
+        result = call(ns, ns.command, _args_for(ns))
+    except Failure as exc:
         print(f"harmonctl: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        reason = errno.errorcode.get(exc.errno or 0, "error")
-        print(f"harmonctl: cannot talk to {path}: {exc.strerror or reason}", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
-        renderers = CONTROLLER_RENDERERS if ns.controller else AGENT_RENDERERS
-        print(renderers.get(ns.command, _render_simple)(result))
+        print(render(ns, ns.command, result))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,6 +24,25 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--vagrant", action="store_true", default=False,
+                     help="take the integration tests' hosts from the Vagrant VMs "
+                     "(Vagrantfile) instead of network namespaces")
+
+
+@pytest.fixture(scope="session")
+def host_kind(request: pytest.FixtureRequest) -> str:
+    """Where integration tests get their hosts: "netns" (default) or "vagrant" (--vagrant)."""
+    if not request.config.getoption("--vagrant"):
+        return "netns"
+    from harmonaize.testbed import vagrant  # noqa: PLC0415 - only with --vagrant
+
+    reason = vagrant.not_up(ROOT)
+    if reason is not None:
+        pytest.skip(f"--vagrant: {reason}")
+    return "vagrant"
+
+
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     """A scratch directory other users can traverse (sockets for non-root clients)."""

@@ -143,9 +143,16 @@ class TestCluster:
         )
         self._wait_serving(self.admin_socket, self.controller, "controller", timeout)
 
+    def policy_dir(self, host: str) -> Path:
+        """Where ``host``'s agent publishes tuner policies (its own: hosts share a disk)."""
+        return self.workdir / host / "tuner"
+
     def start_agent(self, host: str, timeout: float = 20.0, extra: str = "",
-                    gpus: int = 8) -> None:
-        """Start ``host``'s agent, with ``gpus`` simulated GPUs (kept across restarts)."""
+                    gpus: int = 8, tuning: str = "") -> None:
+        """Start ``host``'s agent, with ``gpus`` simulated GPUs (kept across restarts).
+
+        ``tuning`` holds more keys for its [tuning] section; ``extra`` other sections.
+        """
         cfg = self.workdir / f"{host}.toml"
         gpu_section = "[observers.gpu]\nenabled = false\n"
         env = dict(os.environ)
@@ -169,7 +176,8 @@ class TestCluster:
             f'path = "{self.socket(host)}"\n'
             "[controller]\n"
             f'endpoint = "tcp://{self.lab.addr("controller")}:{AGENT_PORT}"\n'
-            + self.keys.agent_config(host) + self.agent_overrides + gpu_section + validation + extra
+            + self.keys.agent_config(host) + self.agent_overrides + gpu_section + validation
+            + f'[tuning]\npolicy_dir = "{self.policy_dir(host)}"\n' + tuning + extra
         )
         proc = self.lab.popen(
             host, [sys.executable, "-m", "agent.main", "-c", str(cfg)], log=self.log(host),

@@ -1,0 +1,175 @@
+"""The agent's self-metrics: what ``harmonctl status`` shows, for Prometheus.
+
+Read at scrape time from the daemon's own records, on its event loop. Labels
+come only from fixed sets (observer names, states, event reasons); raw
+telemetry (per-link, per-GPU values) stays on the operator socket.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from agent.gpuhealth import GpuState
+from agent.observers.base import State
+from agent.observers.links import LinksObserver
+from harmonaize import __version__
+from harmonaize.messages import Health, Status
+from harmonaize.metrics import Family, counter, gauge
+
+if TYPE_CHECKING:
+    from agent.daemon import AgentDaemon
+
+P = "harmonaize_agent"
+#: Host events that are validation verdicts, and the outcome label they count under.
+VERDICTS = {"ValidationPassed": "passed", "ValidationFailed": "failed",
+            "ValidationUndecided": "undecided"}
+
+
+def collect(daemon: AgentDaemon) -> list[Family]:
+    return [
+        *_process(daemon),
+        *_observers(daemon),
+        *_bpf(daemon),
+        *_health(daemon),
+        *_uplink(daemon),
+        *_validation(daemon),
+        *_socket(daemon),
+        *(daemon.metrics.families() if daemon.metrics is not None else ()),
+    ]
+
+
+def _process(daemon: AgentDaemon) -> list[Family]:
+    return [
+        gauge(f"{P}_info", "Version and identity of this agent (always 1).").add(
+            1, version=__version__, pool=daemon.cfg.agent.pool, gpu_class=daemon.gpu_class),
+        gauge(f"{P}_start_time_seconds", "When the agent started, in Unix time.").add(
+            daemon.epoch / 1e6),
+        gauge(f"{P}_ready", "Whether start-up finished (systemd's READY=1 was sent).").add(
+            daemon.ready),
+        gauge(f"{P}_sampling_interval_seconds", "Configured sampling interval.").add(
+            daemon.cfg.agent.interval),
+        counter(f"{P}_sampling_passes_total", "Sampling passes run.").add(daemon.passes),
+        counter(f"{P}_sampling_woken_passes_total",
+                "Extra passes run because an observer saw an event.").add(daemon.woken_steps),
+        counter(f"{P}_sampling_overruns_total",
+                "Times the loop fell behind and skipped ticks.").add(daemon.overruns),
+        gauge(f"{P}_sampling_last_pass_duration_seconds",
+              "Time the last sampling pass took.").add(daemon.last_pass_seconds),
+    ]
+
+
+def _observers(daemon: AgentDaemon) -> list[Family]:
+    state = gauge(f"{P}_observer_state", "Each observer's state (1 for the current one).")
+    success = gauge(f"{P}_observer_last_success",
+                    "Whether an observer's last sample worked (absent before the first).")
+    duration = gauge(f"{P}_observer_last_duration_seconds",
+                     "Time an observer's last sample took.")
+    runs = counter(f"{P}_observer_samples_total", "Samples an observer took.")
+    failures = counter(f"{P}_observer_failures_total", "Samples of an observer that failed.")
+    for record in daemon.observers.records.values():
+        for value in State:
+            state.add(record.state is value, observer=record.name, state=value.value)
+        success.add(record.last_success, observer=record.name)
+        duration.add(record.last_duration, observer=record.name)
+        runs.add(record.samples, observer=record.name)
+        failures.add(record.failures, observer=record.name)
+    return [state, success, duration, runs, failures]
+
+
+def _bpf(daemon: AgentDaemon) -> list[Family]:
+    attached = gauge(f"{P}_bpf_programs_attached",
+                     "eBPF programs attached, by hook (tc: two per watched link).")
+    links = daemon.observers.get("links")
+    datapath = links.datapath if isinstance(links, LinksObserver) else None
+    tc = 2 * len(datapath.attached) if datapath is not None else 0
+    tracepoints = int(datapath.has_retransmits) + int(datapath.has_drops) if datapath else 0
+    return [attached.add(tc, hook="tc").add(tracepoints, hook="tracepoint")]
+
+
+def _health(daemon: AgentDaemon) -> list[Family]:
+    summary = daemon.summary
+    health = gauge(f"{P}_health", "The host's health (1 for the current one).")
+    gpus = gauge(f"{P}_gpus", "GPUs by health state.")
+    conditions = gauge(f"{P}_conditions", "Problem conditions holding now, by type.")
+    if summary is not None:
+        for value in Health:
+            health.add(summary.health is value, health=value.value)
+        counts = summary.gpus
+        for value in GpuState:
+            gpus.add(getattr(counts, value.value, 0), state=value.value)
+        holding = Counter(c.type for c in summary.conditions if c.status is Status.TRUE)
+        for kind, count in sorted(holding.items()):
+            conditions.add(count, type=kind)
+    events = counter(f"{P}_events_total", "Host events raised, by reason.")
+    for reason, count in sorted(daemon.events_by_reason.items()):
+        events.add(count, reason=reason)
+    return [
+        health, gpus, conditions,
+        gauge(f"{P}_gpus_in_use", "GPUs running a tenant's processes (any state).").add(
+            summary.gpus.in_use if summary is not None else None),
+        gauge(f"{P}_schedulable", "Whether the host offers capacity to tenants.").add(
+            summary.schedulable if summary is not None else None),
+        gauge(f"{P}_drained", "Whether an operator drained the host.").add(
+            daemon.drained is not None),
+        counter(f"{P}_advisories_total", "Checkpoint advisories sent to jobs.").add(
+            daemon.advisories_sent),
+        events,
+    ]
+
+
+def _uplink(daemon: AgentDaemon) -> list[Family]:
+    uplink = daemon.uplink
+    if uplink is None:
+        return []
+    status = uplink.status()
+    return [
+        counter(f"{P}_uplink_messages_sent_total",
+                "Numbered messages sent to the controller (sequence number).").add(
+            status["last_seq"]),
+        counter(f"{P}_uplink_messages_acked_total",
+                "Messages the controller acknowledged (acknowledged sequence number).").add(
+            status["acked_seq"]),
+        counter(f"{P}_uplink_events_dropped_total",
+                "Events dropped because the outbox was full while the controller was "
+                "away.").add(status["dropped_events"]),
+        counter(f"{P}_uplink_messages_resent_total", "Messages sent again.").add(
+            status["resent"]),
+        counter(f"{P}_uplink_resyncs_total", "Times the controller asked for a resync.").add(
+            status["resyncs"]),
+        counter(f"{P}_uplink_rejected_frames_total",
+                "Frames from the controller that were refused.").add(status["rejected_frames"]),
+        gauge(f"{P}_uplink_queued_messages", "Messages waiting to be sent.").add(
+            status["queued"]),
+        gauge(f"{P}_uplink_last_ack_age_seconds",
+              "Seconds since the controller last acknowledged (absent before the first).").add(
+            status["last_ack_age_seconds"]),
+    ]
+
+
+def _validation(daemon: AgentDaemon) -> list[Family]:
+    verdicts = counter(f"{P}_validations_total", "Validations finished, by outcome.")
+    for reason, outcome in VERDICTS.items():
+        verdicts.add(daemon.events_by_reason.get(reason, 0), outcome=outcome)
+    service = daemon.validation
+    if service is None:
+        return [verdicts]
+    status = service.status()
+    return [
+        verdicts,
+        gauge(f"{P}_validations_running", "Validations running now.").add(
+            len(status["running"])),
+        gauge(f"{P}_quarantined", "Devices in quarantine.").add(len(status["quarantined"])),
+    ]
+
+
+def _socket(daemon: AgentDaemon) -> list[Family]:
+    stats = daemon.opsocket.stats
+    return [
+        counter(f"{P}_socket_requests_total", "Requests on the operator socket.").add(
+            stats.requests),
+        counter(f"{P}_socket_errors_total", "Operator requests that failed.").add(
+            stats.errors),
+        counter(f"{P}_socket_denied_total",
+                "Operator requests refused for lack of permission.").add(stats.denied),
+    ]

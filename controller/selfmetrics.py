@@ -1,0 +1,73 @@
+"""The controller's self-metrics, for Prometheus.
+
+Read at scrape time on the controller's event loop. Counts only: no host
+names, tenants, jobs or topics as labels (the cluster's size must not turn
+into the metrics' cardinality, and host identities stay out of tenants'
+reach however the endpoint is exposed).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from harmonaize import __version__
+from harmonaize.metrics import Family, counter, gauge
+
+if TYPE_CHECKING:
+    from controller.server import ControllerServer
+
+P = "harmonaize_controller"
+#: Feed counters (``ControllerServer.feed_stats`` keys) and what they are.
+FEED_COUNTERS = {
+    "published": ("feed_messages_published_total", "Messages published on the tenant feed."),
+    "dropped": ("feed_messages_dropped_total",
+                "Feed messages not sent because a subscriber's queue was full."),
+    "gone": ("feed_subscribers_gone_total", "Subscribers found disconnected."),
+    "requests": ("feed_requests_total", "Requests from tenants (subscriptions, declarations)."),
+    "bad_request": ("feed_bad_requests_total", "Tenant requests refused as malformed."),
+    "subscriptions": ("feed_subscriptions_total", "New subscribers."),
+    "refused_subscriptions": ("feed_subscriptions_refused_total",
+                              "Topic subscriptions refused (not the tenant's)."),
+    "replays": ("feed_replays_total", "Topics replayed to a resuming subscriber."),
+}
+
+
+def collect(server: ControllerServer) -> list[Family]:
+    hosts = server.cluster.hosts.values()
+    alive = sum(1 for host in hosts if host.alive)
+    rejected = counter(f"{P}_frames_rejected_total", "Agent frames rejected, by reason.")
+    for reason, count in sorted(server.rejected.items()):
+        rejected.add(count, reason=reason)
+    protocol = counter(f"{P}_protocol_messages_total",
+                       "Agent protocol outcomes (accepted, duplicate, hello, ...).")
+    for outcome, count in sorted(server.cluster.counters.items()):
+        protocol.add(count, outcome=outcome)
+    families = [
+        gauge(f"{P}_info", "Version of this controller (always 1).").add(1, version=__version__),
+        gauge(f"{P}_start_time_seconds", "When the controller started, in Unix time.").add(
+            server.started_wall),
+        gauge(f"{P}_hosts", "Known hosts, alive or down.").add(alive, state="alive").add(
+            len(server.cluster.hosts) - alive, state="down"),
+        counter(f"{P}_frames_received_total", "Frames received from agents.").add(
+            server.frames),
+        rejected,
+        protocol,
+        gauge(f"{P}_feed_subscribers", "Tenant connections subscribed now.").add(
+            len(server.hub.subscribers)),
+        gauge(f"{P}_feed_topics", "Feed topics that have carried a message.").add(
+            len(server.feed_seqs)),
+        gauge(f"{P}_jobs_placed", "Jobs with a placement from the scheduler.").add(
+            len(server.redactor.placements)),
+    ]
+    for key, (name, help_text) in FEED_COUNTERS.items():
+        families.append(counter(f"{P}_{name}", help_text).add(server.feed_stats.get(key, 0)))
+    stats = server.admin.stats
+    families += [
+        counter(f"{P}_admin_requests_total", "Requests on the admin socket.").add(
+            stats.requests),
+        counter(f"{P}_admin_denied_total",
+                "Admin requests refused for lack of permission.").add(stats.denied),
+    ]
+    if server.metrics is not None:
+        families += server.metrics.families()
+    return families

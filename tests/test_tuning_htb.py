@@ -1,0 +1,77 @@
+"""The traffic-class plan (pure): floors kept, the rest to the collectives, stable ids."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.tuning.htb import (
+    DEFAULT_CLASS,
+    MIN_RATE_KBIT,
+    ROOT,
+    ROOT_CLASS,
+    BulkJob,
+    assign_minors,
+    plan,
+)
+
+pytestmark = pytest.mark.tuning
+
+
+def test_classes_for_two_jobs_on_a_known_link() -> None:
+    jobs = [BulkJob("a", 100.0, (9000,)), BulkJob("b", 250.0, (), (10, 12))]
+    minors = assign_minors(["a", "b"], {})
+    result = plan(jobs, [("eth0", 1000), ("eth1", None)], minors)
+    (link,) = result.links
+    rates = {c.classid: (c.rate_kbit, c.ceil_kbit, c.prio) for c in link.classes}
+    assert rates == {ROOT_CLASS: (1_000_000, 1_000_000, 0),
+                     DEFAULT_CLASS: (650_000, 1_000_000, 0),
+                     ROOT | minors["a"]: (100_000, 1_000_000, 1),
+                     ROOT | minors["b"]: (250_000, 1_000_000, 1)}
+    assert dict(result.ports) == {9000: ROOT | minors["a"]}
+    assert dict(result.dscp) == {10: ROOT | minors["b"], 12: ROOT | minors["b"]}
+    assert any("eth1: link speed unknown" in note for note in result.notes)
+
+
+def test_a_port_two_jobs_claim_goes_to_the_first_and_is_noted() -> None:
+    jobs = [BulkJob("b", 1.0, (9000,)), BulkJob("a", 1.0, (9000,))]
+    minors = assign_minors(["a", "b"], {})
+    result = plan(jobs, [("eth0", 100)], minors)
+    assert dict(result.ports) == {9000: ROOT | minors["a"]}
+    assert any("port 9000" in note for note in result.notes)
+
+
+def test_minors_are_kept_while_a_job_stays() -> None:
+    first = assign_minors(["a", "b", "c"], {})
+    later = assign_minors(["c", "d"], first)
+    assert later["c"] == first["c"] and later["d"] not in (first["c"],)
+    assert len(set(later.values())) == 2
+
+
+def test_no_jobs_no_classes() -> None:
+    assert plan([], [("eth0", 100)], {}).links == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 1e5), min_size=1, max_size=20), st.integers(1, 400_000),
+       st.floats(0.01, 1.0))
+def test_floors_and_the_collectives_share_always_fit_the_link(floors, speed, share) -> None:
+    jobs = [BulkJob(f"j{i}", f, (1000 + i,)) for i, f in enumerate(floors)]
+    minors = assign_minors([j.job for j in jobs], {})
+    (link,) = plan(jobs, [("eth0", speed)], minors, collective_share=share).links
+    by_id = {c.classid: c for c in link.classes}
+    bulk = [by_id[ROOT | minors[j.job]] for j in jobs]
+    link_kbit = speed * 1000
+    assert all(c.ceil_kbit == link_kbit for c in link.classes)
+    assert all(c.prio == 1 for c in bulk) and by_id[DEFAULT_CLASS].prio == 0
+    if not link.scaled:  # every floor as declared
+        assert [c.rate_kbit for c in bulk] == [max(MIN_RATE_KBIT, round(f * 1000))
+                                               for f in floors]
+    else:  # scaled down together, never above what was declared
+        assert all(c.rate_kbit <= max(MIN_RATE_KBIT, round(f * 1000))
+                   for c, f in zip(bulk, floors, strict=True))
+    guaranteed = sum(c.rate_kbit for c in bulk) + by_id[DEFAULT_CLASS].rate_kbit
+    floor_sum = sum(c.rate_kbit for c in bulk)
+    if floor_sum + MIN_RATE_KBIT <= link_kbit:
+        assert guaranteed == link_kbit  # nothing left unassigned, nothing oversold
