@@ -38,8 +38,10 @@ def main() -> int:
             f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\n'
             f'admin_socket = "{work / "controller.sock"}"\ndatabase = "{work / "c.db"}"\n'
             'log_level = "warning"\n'
-            # One host, and no deliberate delay: this measures the pipeline itself.
+            # One host, and no deliberate delay: this measures the pipeline itself. The
+            # default host buckets begin 0-1, so one host up reads as none: finer ones.
             "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
+            "host_buckets = [0, 1, 2]\n"
             + keyring.controller_config()
         )
         agent_cfg = work / "agent.toml"

@@ -114,7 +114,7 @@ class FeedBridge:
         hosts = [h for n in p.node_range if (h := self._hosts[n]) is not None]
         everything = red.placements
         wanted = self._health_jobs[pool]
-        red.placements = {j: everything[j] for j in wanted if j in everything}
+        red.placements = {j: everything[j] for j in sorted(wanted) if j in everything}
         try:
             red.observe(hosts, now)
         finally:

@@ -15,8 +15,8 @@ from sim.metrics import benefit_share
 from sim.regimes import knob_default
 from sim.scenario import Outcome
 
-KNOBS = (("bucket", "bucket edges x s"), ("k", "k = min_hosts"),
-         ("interval", "min_interval (s)"))
+KNOBS = (("bucket", "all bucket edges x s"), ("host", "host-count edges x s"),
+         ("k", "k = min_hosts"), ("interval", "min_interval (s)"))
 DPI = 90
 
 
@@ -39,7 +39,7 @@ def _xscale(ax: plt.Axes, knob: str) -> None:
 
 def outcome_vs_coarseness(points: Sequence[Outcome], none: Outcome, full: Outcome,
                           path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.1), sharey=True)
+    fig, axes = plt.subplots(1, len(KNOBS), figsize=(12, 3.1), sharey=True)
     for ax, (knob, label) in zip(axes, KNOBS, strict=True):
         series = _series(points, knob)
         xs = [o.regime.value for o in series]
@@ -60,7 +60,7 @@ def outcome_vs_coarseness(points: Sequence[Outcome], none: Outcome, full: Outcom
 
 def attack_vs_coarseness(points: Sequence[Outcome], none: Outcome, full: Outcome,
                          path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.1), sharey=True)
+    fig, axes = plt.subplots(1, len(KNOBS), figsize=(12, 3.1), sharey=True)
     for ax, (knob, label) in zip(axes, KNOBS, strict=True):
         series = _series(points, knob)
         xs = [o.regime.value for o in series]
@@ -91,7 +91,7 @@ def frontier(points: Sequence[Outcome], none: Outcome, full: Outcome, path: Path
         return benefit_share(n, o.summary.mean_jct_h, f) or 0.0
 
     attacks = (("load_attack", "others' load"), ("failure_attack", "a host failed"))
-    markers = {"default": "*", "bucket": "o", "k": "s", "interval": "^"}
+    markers = {"default": "*", "bucket": "o", "host": "D", "k": "s", "interval": "^"}
     for ax, (attr, what) in zip(axes, attacks, strict=True):
         def acc(o: Outcome, attr: str = attr) -> float:
             return getattr(o, attr).accuracy or 0.5

@@ -89,12 +89,13 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
         assert (advisory.body.advice.value, advisory.body.reason, advisory.body.ranks) == (
             "checkpoint-now", "gpu-failure", ("3",))
         assert "g1" not in repr(advisory) and "GPU-" not in repr(advisory)
-    # An unhealthy host (a node reboot is needed) is no longer capacity.
-    def hosts_up() -> int | None:
+    # An unhealthy host (a node reboot is needed) is no longer capacity. Its GPUs show
+    # it: one host up and none read the same in the default host buckets (0-1).
+    def gpus_available() -> int | None:
         pools = [c for c in controller.request("capacity") if c["kind"] == "pool-capacity"]
-        return pools[0]["hosts_up"]["hi"] if pools else None
+        return pools[0]["gpus_available"]["hi"] if pools else None
 
-    wait_until(lambda: hosts_up() == 0, what="capacity to drop")
+    wait_until(lambda: gpus_available() == 0, what="capacity to drop")
 
 
 def test_xid_13_leaves_the_gpu_healthy(spawn, workdir: Path) -> None:

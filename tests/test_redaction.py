@@ -57,6 +57,10 @@ def test_buckets_hide_exact_counts() -> None:
     assert bucket(0, CFG.gpu_buckets) == Bucket(0, 0)
     assert bucket(9, CFG.gpu_buckets) == Bucket(8, 15)
     assert bucket(40_000, CFG.gpu_buckets) == Bucket(32768, None)
+    # One host down reads as none down: a single failure is not an event tenants see.
+    assert bucket(0, CFG.host_buckets) == bucket(1, CFG.host_buckets) == Bucket(0, 1)
+    assert bucket(5, CFG.host_buckets) == Bucket(4, 7)
+    assert bucket(9000, CFG.host_buckets) == Bucket(8192, None)
 
 
 def test_a_pool_below_k_hosts_is_never_published() -> None:

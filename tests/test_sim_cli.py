@@ -84,6 +84,12 @@ def test_sweep_points_vary_one_knob_each():
     points = sweep()
     assert len({p.name for p in points}) == len(points)
     assert scaled((0, 1, 2, 4), 4) == (0, 4, 8, 16)
+    assert scaled((0, 2, 4, 8), 0.5) == (0, 1, 2, 4)
+    with pytest.raises(ValueError):
+        scaled((0, 1, 8), 0.5)
+    (previous,) = [p for p in points if p.name == "host x0.5"]
+    assert previous.redaction.host_buckets[:4] == (0, 1, 2, 4)
+    assert previous.redaction.gpu_buckets == points[0].redaction.gpu_buckets
     default = points[0].redaction
     for p in points[1:]:
         changed = [f for f in ("min_hosts", "min_interval", "host_buckets")

@@ -87,7 +87,8 @@ def scenario(cluster: TestCluster) -> None:
     print(indent(subprocess.run(argv, check=False, capture_output=True, text=True).stdout),
           flush=True)
 
-    say("stopping h2's agent (SIGTERM): it says goodbye, capacity falls")
+    say("stopping h2's agent (SIGTERM): it says goodbye, capacity falls (host counts come "
+        "in buckets 0-1, 2-3, 4-7, ...: one host down reads like none, the GPUs show it)")
     began = time.monotonic()
     code = cluster.stop_agent("h2", signal.SIGTERM)
     print(f"   h2's agent exited with status {code}", flush=True)
