@@ -89,8 +89,9 @@ class VmHosts(Hosts):
 
         self.vms = VagrantCluster(ROOT, workdir)
 
-    def run(self, host: str, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        return self.vms.run(host, argv)
+    def run(self, host: str, argv: Sequence[str],
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.vms.run(host, argv, timeout=timeout)
 
     def harmonctl(self, host: str, *args: str) -> Any:
         done = self.run(host, ["harmonctl", *(["-C"] if host == "controller" else []), *args,
