@@ -82,10 +82,6 @@ def read_speed(sys_root: str | Path, name: str) -> int | None:
     return speed if speed is not None and speed > 0 else None
 
 
-def read_operstate(sys_root: str | Path, name: str) -> str:
-    return _read(Path(sys_root) / "class" / "net" / name / "operstate") or "absent"
-
-
 @dataclass(frozen=True)
 class DevCounters:
     rx_bytes: int
@@ -150,7 +146,7 @@ def snmp_value(text: str, prefix: str, name: str) -> int | None:
 
 
 class ProcFile:
-    """A procfs file kept open and re-read from offset 0 (seq_file regenerates it).
+    """A procfs or sysfs file kept open and re-read from offset 0 (the kernel regenerates it).
 
     Saves the open/close and path handling of reading it afresh every interval.
     A file that cannot be read reads as empty; it is reopened on the next call.

@@ -178,6 +178,7 @@ class LinksObserver(Observer):
         self._speeds_at = 0.0
         self._states: dict[str, str] = {}
         self._states_at = 0.0
+        self._operstate: dict[str, sysfs.ProcFile] = {}
         self._drops_seen: tuple[dict[int, int], float | None] = ({}, None)
         self._dev_rates: dict[str, tuple[float, float]] = {}
         self._last_retx: tuple[dict[int, float], float] = ({}, 0.0)
@@ -247,6 +248,9 @@ class LinksObserver(Observer):
         self.routes.close()
         self._net_dev.close()
         self._snmp.close()
+        for handle in self._operstate.values():
+            handle.close()
+        self._operstate.clear()
 
     def describe(self) -> dict[str, Any]:
         return {"detail": self.detail, "mode": self.mode,
@@ -255,8 +259,14 @@ class LinksObserver(Observer):
     # --- sampling -------------------------------------------------------------------
 
     def _refresh_states(self, now: float) -> None:
+        # Kept open and re-read from offset 0, like /proc: sysfs regenerates the
+        # attribute, and a vanished interface reads as empty until it is back.
         for device in self.devices:
-            self._states[device.name] = sysfs.read_operstate(self.cfg.sysfs_root, device.name)
+            handle = self._operstate.get(device.name)
+            if handle is None:
+                handle = self._operstate[device.name] = sysfs.ProcFile(
+                    self.cfg.sysfs_root, "class", "net", device.name, "operstate")
+            self._states[device.name] = handle.read().strip() or "absent"
         self._states_at = now
 
     def _refresh_speeds(self, now: float) -> None:

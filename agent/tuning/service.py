@@ -92,6 +92,8 @@ class TuningService:
         #: The shaped link classes' links and speeds, as last observed.
         self._links: list[tuple[str, int | None]] = []
         self._orphans: dict[str, float] = {}
+        #: Classes may be in the kernel (or their removal failed): keep reconciling.
+        self._shaped = True
         self.errors = 0
         self.last_error = ""
         self.rejected_decisions = 0
@@ -182,6 +184,8 @@ class TuningService:
     # --- each pass ------------------------------------------------------------------
 
     def step(self, observations: Mapping[str, Any], now: float) -> None:
+        if not (self.loop.jobs or self.files or self._orphans or self._shaped):
+            return  # nothing declared, written or shaped: most passes on most hosts
         links = observations.get("links")
         sample = links if isinstance(links, LinkSample) else None
         if self.loop.jobs:  # nothing to read or decide (or pay for) without declarations
@@ -258,6 +262,7 @@ class TuningService:
 
     def _shape(self, sample: LinkSample | None) -> None:
         if self.shaper is None:
+            self._shaped = False
             return
         jobs = self.bulk_jobs()
         self._minors = assign_minors([j.job for j in jobs], self._minors)
@@ -274,6 +279,8 @@ class TuningService:
                                    collective_share=self.cfg.collective_share), self._l2)
         except Exception as exc:
             self._fail(f"traffic classes: {exc}")
+            return
+        self._shaped = bool(links)
 
     # --- next-launch recommendations ------------------------------------------------
 
