@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -11,6 +12,8 @@ from agent.gpu.jobs import JobRef
 from agent.gpu.nvml import FIELDS, GpuCounters, GpuIdentity, GpuSnapshot, GpuTelemetry
 from agent.validation import baseline
 from agent.validation.checks import (
+    CheckResult,
+    Measurement,
     Outcome,
     StaticLimits,
     Target,
@@ -20,6 +23,7 @@ from agent.validation.checks import (
     parse_nccl_tests,
     static_checks,
 )
+from agent.validation.history import History
 from agent.validation.planner import Device, Planner, PlannerSettings
 
 pytestmark = pytest.mark.validation
@@ -173,3 +177,32 @@ def test_the_schedule_uses_idle_windows_only() -> None:
     starts, _ = step(p, [idle, busy], 5000.0, allowance=lambda job: 1e9)
     assert [(s.key, s.trigger) for s in starts] == [("gpu:0", "schedule")]
     assert step(p, [idle], 5500.0, last_done={"gpu:0": 5000.0})[0] == []
+
+
+def test_history_keeps_every_result_when_validations_finish_together(tmp_path) -> None:
+    """Runner threads finish validations at the same moment on one connection."""
+    history = History(tmp_path / "history.db")
+    result = CheckResult("burn", Outcome.PASS, "ok", (Measurement("gflops", 100.0),))
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def validate(gpu: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(40):
+                run = history.begin(f"gpu:{gpu}", f"GPU-{gpu}", 2, "operator", now=1.0)
+                history.finish(run, "pass", "ok", "none", results=[result, result], now=2.0)
+                history.passing_values(f"GPU-{gpu}", "burn", "gflops")
+        except BaseException as exc:  # reported below, with the rows
+            errors.append(exc)
+
+    threads = [threading.Thread(target=validate, args=(gpu,)) for gpu in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rows = history.recent(limit=1000)
+    history.close()
+    assert not errors, errors
+    assert len(rows) == 160 and all(r["finished"] == 2.0 for r in rows)
+    assert all(len(r["checks"]) == 2 for r in rows)

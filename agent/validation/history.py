@@ -8,12 +8,14 @@ interrupted. Quarantines are kept by GPU UUID and survive restarts and reboots.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.validation.checks import CheckResult
 
@@ -70,21 +72,37 @@ class Quarantine:
     boot_id: str
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _serialized(method: F) -> F:
+    """One thread at a time on the connection: two validations finishing together
+    would otherwise open a transaction inside the other's and lose a result."""
+    @functools.wraps(method)
+    def locked(self: History, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked  # type: ignore[return-value]
+
+
 class History:
     def __init__(self, path: str | Path, keep: int = 10_000) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.keep = keep
-        # check_same_thread: the runner's worker thread writes results too.
+        # check_same_thread: the runner's worker threads write results too (serialized).
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(_SCHEMA)
 
+    @_serialized
     def close(self) -> None:
         self.db.close()
 
     # --- validations ----------------------------------------------------------------
 
+    @_serialized
     def begin(self, target: str, uuid: str, level: int, trigger: str, *, now: float,
               boot: str = "") -> int:
         cur = self.db.execute(
@@ -92,9 +110,11 @@ class History:
             " VALUES (?,?,?,?,?,?)", (target, uuid, level, trigger, now, boot))
         return int(cur.lastrowid or 0)
 
+    @_serialized
     def set_process(self, validation: int, pgid: int | None) -> None:
         self.db.execute("UPDATE validations SET pgid = ? WHERE id = ?", (pgid, validation))
 
+    @_serialized
     def finish(self, validation: int, outcome: str, reason: str, action: str, *,
                results: Iterable[CheckResult], now: float) -> None:
         with self.db:
@@ -109,6 +129,7 @@ class History:
                   json.dumps([m.__dict__ for m in r.measurements])) for r in results])
         self._prune()
 
+    @_serialized
     def _prune(self) -> None:
         row = self.db.execute("SELECT MAX(id) FROM validations").fetchone()
         if row and row[0] and row[0] > self.keep:
@@ -117,6 +138,7 @@ class History:
                 self.db.execute("DELETE FROM results WHERE validation <= ?", (cutoff,))
                 self.db.execute("DELETE FROM validations WHERE id <= ?", (cutoff,))
 
+    @_serialized
     def interrupted(self, now: float) -> list[Interrupted]:
         """Validations an earlier agent never finished; marks them as such."""
         rows = self.db.execute(
@@ -127,12 +149,14 @@ class History:
                 " WHERE finished IS NULL", (now, "interrupted: the agent stopped during it"))
         return [Interrupted(r[0], r[1], r[2], r[3]) for r in rows]
 
+    @_serialized
     def last_finished(self) -> dict[str, float]:
         """When each target was last validated (cooldowns hold across restarts)."""
         return dict(self.db.execute(
             "SELECT target, MAX(finished) FROM validations WHERE finished IS NOT NULL"
             " GROUP BY target").fetchall())
 
+    @_serialized
     def passing_values(self, uuid: str, check: str, measurement: str,
                        limit: int = 20) -> list[float]:
         """This device's earlier passing values of one measurement, oldest first."""
@@ -147,6 +171,7 @@ class History:
                     values.append(float(m["value"]))
         return values
 
+    @_serialized
     def recent(self, limit: int = 50) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT id, target, uuid, level, trigger, started, finished, outcome, reason, action"
@@ -168,16 +193,19 @@ class History:
 
     # --- quarantines ----------------------------------------------------------------
 
+    @_serialized
     def quarantine(self, entry: Quarantine) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO quarantine VALUES (?,?,?,?,?,?)",
                             (entry.uuid, entry.gpu, entry.reason, entry.action, entry.since,
                              entry.boot_id))
 
+    @_serialized
     def release(self, uuid: str) -> None:
         with self.db:
             self.db.execute("DELETE FROM quarantine WHERE uuid = ?", (uuid,))
 
+    @_serialized
     def quarantined(self) -> list[Quarantine]:
         return [Quarantine(*row) for row in self.db.execute(
             "SELECT uuid, gpu, reason, action, since, boot_id FROM quarantine")]

@@ -138,6 +138,8 @@ class Runner:
         try:
             self.history.finish(validation, verdict.outcome.value, verdict.reason,
                                 verdict.action.value, results=verdict.results, now=time.time())
+        except Exception:  # the verdict still stands; only its record is lost
+            log.exception("recording the validation of %s failed", plan.key)
         finally:
             with self._lock:
                 self.running.pop(plan.key, None)
