@@ -307,12 +307,11 @@ class TuningSection:
     activation_lead: Annotated[float, Num(0.0, 60.0)] = 0.5
     #: ... and at least this many collectives ahead.
     activation_margin: Annotated[int, Num(1, 1_000_000)] = 64
-    #: Seconds between proposals to the controller while a change is being agreed.
-    proposal_refresh: Annotated[float, Num(0.1, 3600.0)] = 5.0
-    #: A rank whose collective count has not moved for this long counts as idle.
+    #: Seconds between reports to the controller for a job spanning hosts (progress
+    #: and switch records; a change is reported at once).
+    report_interval: Annotated[float, Num(0.1, 3600.0)] = 1.0
+    #: A communicator none of whose ranks is seen for this long is forgotten.
     stall: Annotated[float, Num(0.1, 3600.0)] = 10.0
-    #: The plugin ignores a policy not heartbeated for this long (NCCL's choice then).
-    stale_after: Annotated[float, Num(0.5, 3600.0)] = 10.0
     #: Link classes whose congestion drives the choice.
     link_classes: Annotated[tuple[Ident, ...], Len(16, min_len=1)] = ("data",)
     #: Keep collectives ahead of declared bulk traffic with HTB on these link classes.

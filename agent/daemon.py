@@ -43,7 +43,8 @@ from harmonaize.messages import (
     JobDeclaration,
     Message,
     Severity,
-    TuningDecision,
+    TuningArm,
+    TuningResolve,
 )
 from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
@@ -170,7 +171,7 @@ class AgentDaemon:
             self.uplink = Uplink(
                 self._ctx, self.cfg.controller, self.host_id, self._hello,
                 on_resync=self.republisher.force, on_declaration=self._declared,
-                on_decision=self._decided,
+                on_tuning=self._tuning_message,
                 spool=spool, curve=curve,
             )
             if self.uplink.outbox.restored:
@@ -214,7 +215,9 @@ class AgentDaemon:
         if self.validation is not None:
             self.validation.stop()  # kills running checks before anything else goes
         if self.tuning is not None:
-            self.tuning.stop()  # removes our traffic classes; policies go stale
+            # Single-host communicators back to NCCL's own choices, traffic classes
+            # removed; the policy files stay for the next agent to adopt.
+            self.tuning.stop(time.time())
         if self.uplink is not None:
             self.uplink.close("agent stopping")
         if self._ctx is not None:
@@ -322,7 +325,8 @@ class AgentDaemon:
         failing = {r.name: r.last_error or r.detail for r in self.observers.failing()}
         host_failure = self.validation.host_failure if self.validation is not None else None
         result = self.health.step(observations, now, failing=failing, drained=self.drained,
-                                  validation_failure=host_failure)
+                                  validation_failure=host_failure,
+                                  extra=self.tuning.findings() if self.tuning else ())
         self.passes += 1
         self.summary = result.summary
         self.last_step = result
@@ -370,9 +374,18 @@ class AgentDaemon:
         except ValueError as exc:
             log.warning("job %s: declaration not applied to tuning: %s", declaration.job, exc)
 
-    def _decided(self, decision: TuningDecision) -> None:
-        if self.tuning is not None:
-            self.tuning.decision(decision, time.time())
+    def _tuning_message(self, message: TuningArm | TuningResolve) -> None:
+        """The controller's phases of a multi-host change, handled as they arrive
+        (not at the next pass): every millisecond of delay is headroom lost."""
+        if self.tuning is None:
+            return
+        try:
+            if isinstance(message, TuningArm):
+                self.tuning.arm(message, time.time())
+            else:
+                self.tuning.resolve(message, time.time())
+        except Exception:
+            log.exception("tuning message %s for job %s failed", message.KIND, message.job)
 
     def _pause_allowance(self, job: str) -> float:
         declaration = self.declarations.get(job)

@@ -7,7 +7,7 @@ Time is a parameter; nothing here reads a clock or does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,17 +93,21 @@ class HostHealthEngine:
         failing: Mapping[str, str] | None = None,
         drained: str | None = None,
         validation_failure: str | None = None,
+        extra: Sequence[Finding] = (),
     ) -> HealthStep:
+        """``extra``: findings of other engines (the tuning loop's), tracked alike."""
         # Observers hand on the same objects when nothing moved; then so do we,
         # but re-evaluate at least once a second for rules that run on time.
         inputs = (*(observations.get(k) for k in ("host", "links", "rdma", "gpu")),
-                  tuple(sorted((failing or {}).items())), drained, validation_failure)
+                  tuple(sorted((failing or {}).items())), drained, validation_failure,
+                  tuple(extra))
         if self._last is not None and now - self._last[1] < FULL_STEP and not self.gpus.changed \
                 and all(
                 a is b or a == b for a, b in zip(inputs, self._last[0], strict=True)):
             previous = self._last[2]
             return HealthStep(previous.summary, [], [], previous.gpus)
-        step = self._step(observations, now, failing, drained, validation_failure)
+        step = self._step(observations, now, failing, drained, validation_failure,
+                          extra=extra)
         self._last = (inputs, now, step)
         return step
 
@@ -114,8 +118,10 @@ class HostHealthEngine:
         failing: Mapping[str, str] | None,
         drained: str | None,
         validation_failure: str | None,
+        *,
+        extra: Sequence[Finding] = (),
     ) -> HealthStep:
-        findings = self.findings(observations, failing or {}, drained)
+        findings = self.findings(observations, failing or {}, drained) + list(extra)
         findings.append(Finding(
             "HostValidationFailed", validation_failure is not None, Severity.WARNING,
             "HostCheckFailed" if validation_failure else "", validation_failure or ""))

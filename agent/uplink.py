@@ -31,7 +31,8 @@ from harmonaize.messages import (
     JobDeclaration,
     Message,
     Resync,
-    TuningDecision,
+    TuningArm,
+    TuningResolve,
     WireError,
     decode,
     encode,
@@ -50,7 +51,7 @@ class Uplink:
         *,
         on_resync: Callable[[], None] | None = None,
         on_declaration: Callable[[JobDeclaration], None] | None = None,
-        on_decision: Callable[[TuningDecision], None] | None = None,
+        on_tuning: Callable[[TuningArm | TuningResolve], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         spool: Spool | None = None,
         curve: tuple[keys.KeyPair, bytes] | None = None,
@@ -60,7 +61,7 @@ class Uplink:
         self._hello = hello
         self._on_resync = on_resync
         self._on_declaration = on_declaration
-        self._on_decision = on_decision
+        self._on_tuning = on_tuning
         self._clock = clock
         self._started = clock()
         self.outbox = Outbox(limit=cfg.outbox_limit, ack_timeout=cfg.ack_timeout, spool=spool)
@@ -144,8 +145,8 @@ class Uplink:
                 self._on_resync()
         elif isinstance(body, JobDeclaration) and self._on_declaration is not None:
             self._on_declaration(body)
-        elif isinstance(body, TuningDecision) and self._on_decision is not None:
-            self._on_decision(body)
+        elif isinstance(body, TuningArm | TuningResolve) and self._on_tuning is not None:
+            self._on_tuning(body)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

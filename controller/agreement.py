@@ -1,30 +1,42 @@
-"""Multi-host agreement on a job's tuning choice: proposals in, decisions out.
+"""Multi-host agreement on a job's tuning: reports in, two-phase changes out.
 
-Each host of a job whose NCCL communicators span hosts proposes the choice
-its own links call for (:class:`TuningProposal`: a choice name, a severity
-0..2 and, per communicator, how many collectives its ranks there have issued
-and how fast). Every host must then publish the *same* choice from the *same*
-collective on, or ranks pick different algorithms and the job hangs; so the
-hosts only apply what this module decides (:class:`TuningDecision`).
+Every host of a job whose NCCL communicators span hosts reports what its own
+links call for and where its ranks stand (:class:`TuningReport`: a choice,
+a severity 0..2, and per communicator the ranks here, their progress and
+their switch records). Every rank of a communicator must answer alike at
+every collective index, whatever fails, so a change goes in two phases:
 
-* The most severe fresh proposal wins: congestion anywhere on the job's paths
-  slows every rank of a collective alike. A rise is decided at once; a fall
-  only once the lower wish lasted ``hold`` seconds (to the highest level
-  wished for meanwhile), and choice changes are limited per minute.
-* Each communicator switches at ``at`` = the highest collective count any
-  host reported for it, projected to now at its reported rate, plus the
-  fastest rate times ``lead`` (at least ``margin``), so no rank has passed it
-  by the time every host has the decision.
-* No new choice is decided while a host has not yet reported passing the
-  previous activation of a communicator: a rank still before it would
-  otherwise read the new "before" rules where its peers followed the old.
-* A communicator that appears while a non-default choice is in force is
-  added to the decision (same choice, its own activation); one that joins
-  under the default needs nothing, since unlisted means NCCL's own choice.
+1. **Arm** (:class:`TuningArm`, to every host of the job): each host writes
+   the change as *pending* from a switching index ``at`` and acknowledges
+   (:class:`TuningAck`) once it checked that every local rank maps the policy
+   and is below ``at``. A rank that reaches ``at`` before the outcome waits.
+2. **Resolve** (:class:`TuningResolve`, to every host alike): *commit* only
+   when every host armed and every rank of every communicator is accounted
+   for (the hosts' ranks add up to NCCL's size of it), otherwise *cancel*. The
+   outcome is recorded before it is sent and resent until every host has
+   acknowledged it, across controller restarts; an arm the controller cannot
+   show was resolved is cancelled after a restart.
 
-Pure: time is a parameter and nothing here does I/O, so the controller owns
-storage and transport (and can seed decision numbers so they keep rising
-across its restarts).
+So a host that never got the arm writes nothing; one cut off after arming
+pauses its ranks at ``at`` until it hears the outcome, which every host
+hears alike. No rank's answer depends on time or on one host's view.
+
+Choosing: the most severe fresh wish wins (congestion anywhere on the job's
+paths slows every rank of a collective alike). A rise is decided at once; a
+fall only once the lower wish lasted ``hold`` seconds; changes of the choice
+are limited per minute. ``at`` is past every host's projected position: the
+highest count reported, projected at its rate, plus the fastest rate times
+``lead`` (at least ``margin``). A communicator is not changed again before
+every host reported all its ranks past its previous switch, nor while a rank
+waits, refused a copy, or disagrees.
+
+Detection: every host's switch records of a communicator are compared
+(:func:`harmonaize.switches.disagreement`); a disagreement marks the job
+``diverged`` (sticky while the communicator lives), waiting ranks mark it
+``paused``.
+
+Pure: time is a parameter and nothing here does I/O; the controller stores
+:meth:`snapshot` before sending what :meth:`step` returns.
 """
 
 from __future__ import annotations
@@ -35,29 +47,66 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harmonaize.messages import Activation, TuningDecision, TuningProposal
+from harmonaize.messages import (
+    AckPhase,
+    Activation,
+    CommReport,
+    Message,
+    TuningAck,
+    TuningArm,
+    TuningReport,
+    TuningResolve,
+    TuningStatus,
+)
+from harmonaize.switches import Record, disagreement
 
 DEFAULT_CHOICE = "default"
 MAX_ACTIVATIONS = 32
 MAX_AT = 2**62
+#: After a cancelled change, the next arm waits this long, doubling up to the maximum.
+BACKOFF = 1.0
+MAX_BACKOFF = 30.0
 
 
 @dataclass(frozen=True)
 class AgreementSettings:
-    #: Seconds a less severe wish must last before the decision steps down.
+    #: Seconds a less severe wish must last before the choice steps down.
     hold: float = 10.0
     max_decisions_per_minute: int = 4
-    #: Seconds of collectives, at the fastest reported rate, between deciding and activation.
+    #: Seconds of collectives, at the fastest reported rate, between arming and ``at``.
     lead: float = 2.0
     #: ... and at least this many collectives.
     margin: int = 100
-    #: A host's proposal older than this no longer counts (the host went quiet).
-    proposal_ttl: float = 60.0
+    #: A host's report older than this no longer counts (the host went quiet).
+    report_ttl: float = 10.0
+    #: Seconds to wait for every host's arm acknowledgement before cancelling.
+    arm_timeout: float = 1.0
+    #: Seconds between resends of an arm or resolve a host has not acknowledged.
+    resend: float = 0.5
+
+
+@dataclass
+class _Decision:
+    number: int
+    choice: str
+    activations: tuple[Activation, ...]
+    hosts: frozenset[str]
+    armed_at: float
+    commit: bool | None = None
+    reason: str = ""
+    acks: dict[str, AckPhase] = field(default_factory=dict)
+    ack_reports: dict[str, tuple[CommReport, ...]] = field(default_factory=dict)
+    sent: dict[str, float] = field(default_factory=dict)
+
+    def message(self, job: str, fingerprint: str) -> Message:
+        if self.commit is None:
+            return TuningArm(job, self.number, self.choice, fingerprint, self.activations)
+        return TuningResolve(job, self.number, self.commit, self.activations)
 
 
 @dataclass(frozen=True)
 class _Report:
-    proposal: TuningProposal
+    report: TuningReport
     received: float
 
 
@@ -65,206 +114,425 @@ class _Report:
 class _Job:
     hosts: frozenset[str] | None = None
     reports: dict[str, _Report] = field(default_factory=dict)
-    current: TuningDecision | None = None
-    severity: int = 0
-    decided_at: float = float("-inf")
     number: int = 0
+    decision: _Decision | None = None
+    fingerprint: str = ""
+    #: What every host follows per communicator (wire id): (choice, at).
+    committed: dict[int, tuple[str, int]] = field(default_factory=dict)
+    choice: str = DEFAULT_CHOICE
+    severity: int = 0
     changes: deque[float] = field(default_factory=deque)
     lower_since: float | None = None
     lower_want: tuple[int, str] = (0, DEFAULT_CHOICE)
-    revision: int = -1
-    refresh: bool = False
+    withdrawn: bool = False
     waiting: str = ""
-    #: Activations that changed something and are not yet reported passed by every
-    #: host that has the communicator: comm -> (at, when decided).
-    guard: dict[int, tuple[int, float]] = field(default_factory=dict)
+    diverged: dict[int, str] = field(default_factory=dict)
+    #: No new arm before this (after cancellations), and the current back-off.
+    retry_at: float = float("-inf")
+    backoff: float = BACKOFF
+    dirty: bool = True
 
 
 class Agreement:
-    def __init__(self, settings: AgreementSettings | None = None, *,
-                 numbers: Mapping[str, int] | None = None) -> None:
-        """``numbers``: the last decision number sent per job (decision numbers only
-        ever rise, so agents can drop repeats)."""
+    def __init__(self, settings: AgreementSettings | None = None) -> None:
         self.settings = settings or AgreementSettings()
-        self._numbers = dict(numbers or {})
         self._jobs: dict[str, _Job] = {}
+        #: Jobs whose durable state changed since :meth:`take_dirty`.
+        self._gone: set[str] = set()
 
     def _job(self, name: str) -> _Job:
         job = self._jobs.get(name)
         if job is None:
-            job = self._jobs[name] = _Job(number=self._numbers.get(name, 0))
+            job = self._jobs[name] = _Job()
         return job
 
-    # --- inputs ----------------------------------------------------------------------
+    # --- durable state -----------------------------------------------------------------
 
-    def set_hosts(self, job: str, hosts: Iterable[str] | None) -> None:
-        """The hosts a job runs on (from its placement); only their proposals count.
-        ``None``: whoever proposes."""
-        state = self._job(job)
-        state.hosts = None if hosts is None else frozenset(hosts)
-        if state.hosts is not None:
-            for host in set(state.reports) - state.hosts:
-                del state.reports[host]
-
-    def propose(self, host: str, proposal: TuningProposal, now: float) -> None:
-        state = self._job(proposal.job)
-        if state.hosts is not None and host not in state.hosts:
-            return  # not (or no longer) one of the job's hosts
-        state.reports[host] = _Report(proposal, now)
-
-    def declared(self, job: str, revision: int) -> None:
-        """A new declaration revision went to the job's hosts: the rules behind the
-        choice in force change, so its communicators are switched again (at agreed
-        points) once nothing is pending."""
-        state = self._job(job)
-        if revision > state.revision:
-            state.refresh = state.revision >= 0 and state.current is not None
-            state.revision = revision
-
-    def forget(self, job: str) -> None:
-        state = self._jobs.pop(job, None)
-        if state is not None:
-            self._numbers[job] = state.number
-
-    def forget_host(self, host: str) -> None:
-        for state in self._jobs.values():
-            state.reports.pop(host, None)
-
-    # --- outputs ---------------------------------------------------------------------
-
-    def current(self, job: str) -> TuningDecision | None:
-        """The decision in force (resend it to a host that reconnects)."""
-        state = self._jobs.get(job)
-        return state.current if state else None
-
-    def step(self, now: float) -> list[TuningDecision]:
-        """Decisions to send now, each to every host of its job."""
-        out = []
-        for name in sorted(self._jobs):
-            decision = self._step_job(name, self._jobs[name], now)
-            if decision is not None:
-                out.append(decision)
-        return out
-
-    def status(self, job: str) -> dict[str, Any]:
-        state = self._jobs.get(job)
-        if state is None:
-            return {}
+    def snapshot(self, name: str) -> dict[str, Any] | None:
+        """What must survive a restart: numbers, the change in flight, what holds."""
+        job = self._jobs.get(name)
+        if job is None:
+            return None
+        decision = job.decision
         return {
-            "choice": state.current.choice if state.current else DEFAULT_CHOICE,
-            "decision": state.number,
-            "severity": state.severity,
-            "waiting": state.waiting,
-            "proposals": {h: {"choice": r.proposal.choice, "severity": r.proposal.severity,
-                              "received": r.received}
-                          for h, r in sorted(state.reports.items())},
+            "number": job.number, "choice": job.choice, "severity": job.severity,
+            "fingerprint": job.fingerprint, "withdrawn": job.withdrawn,
+            "committed": [[comm, choice, at] for comm, (choice, at) in
+                          sorted(job.committed.items())],
+            "decision": None if decision is None else {
+                "number": decision.number, "choice": decision.choice,
+                "activations": [[a.comm, a.at] for a in decision.activations],
+                "hosts": sorted(decision.hosts), "commit": decision.commit,
+                "acks": {h: p.value for h, p in sorted(decision.acks.items())},
+            },
         }
 
-    # --- the rules -------------------------------------------------------------------
+    def restore(self, name: str, state: Mapping[str, Any], now: float) -> None:
+        """Load a job's state after a restart. An arm in flight is cancelled: its
+        outcome was never sent, and hosts that armed it must hear one."""
+        job = self._job(name)
+        job.number = int(state.get("number", 0))
+        job.choice = str(state.get("choice", DEFAULT_CHOICE))
+        job.severity = int(state.get("severity", 0))
+        job.fingerprint = str(state.get("fingerprint", ""))
+        job.withdrawn = bool(state.get("withdrawn", False))
+        job.committed = {int(c): (str(ch), int(at)) for c, ch, at in state.get("committed", [])}
+        raw = state.get("decision")
+        if raw:
+            decision = _Decision(
+                int(raw["number"]), str(raw["choice"]),
+                tuple(Activation(int(c), int(at)) for c, at in raw["activations"]),
+                frozenset(raw["hosts"]), now, raw.get("commit"))
+            if decision.commit is None:
+                decision.commit, decision.reason = False, "the controller restarted while arming"
+                decision.acks = {}
+            else:
+                decision.acks = {h: AckPhase(p) for h, p in raw.get("acks", {}).items()
+                                 if p == AckPhase.RESOLVED.value}
+            job.decision = decision
+        job.dirty = True
 
-    def _fresh(self, state: _Job, now: float) -> dict[str, _Report]:
-        return {h: r for h, r in sorted(state.reports.items())
-                if now - r.received <= self.settings.proposal_ttl}
+    def take_dirty(self) -> tuple[list[str], list[str]]:
+        """Jobs whose durable state changed (save them) and jobs gone (delete them)."""
+        dirty = [name for name, job in sorted(self._jobs.items()) if job.dirty]
+        for name in dirty:
+            self._jobs[name].dirty = False
+        gone, self._gone = sorted(self._gone), set()
+        return dirty, gone
 
-    def _target(self, state: _Job, fresh: dict[str, _Report], now: float
-                ) -> tuple[int, str] | None:
+    # --- inputs ------------------------------------------------------------------------
+
+    def set_hosts(self, name: str, hosts: Iterable[str] | None) -> None:
+        """The hosts a job runs on (from its placement); only their reports count."""
+        job = self._job(name)
+        job.hosts = None if hosts is None else frozenset(hosts)
+        if job.hosts is not None:
+            for host in set(job.reports) - job.hosts:
+                del job.reports[host]
+            if job.decision is not None and job.decision.commit is not None:
+                # A host that left the job has no ranks of it to resolve.
+                job.decision.hosts &= job.hosts
+
+    def report(self, host: str, report: TuningReport, now: float) -> None:
+        job = self._job(report.job)
+        if job.hosts is not None and host not in job.hosts:
+            return  # not (or no longer) one of the job's hosts
+        job.reports[host] = _Report(report, now)
+
+    def ack(self, host: str, ack: TuningAck, now: float) -> None:
+        job = self._jobs.get(ack.job)
+        decision = job.decision if job else None
+        if job is None or decision is None or ack.decision != decision.number:
+            return  # an old decision's (or a stranger's) answer
+        if host not in decision.hosts:
+            return
+        if decision.commit is None and ack.phase in (AckPhase.ARMED, AckPhase.REFUSED):
+            decision.acks[host] = ack.phase
+            decision.ack_reports[host] = ack.comms
+            if ack.phase is AckPhase.REFUSED and not decision.reason:
+                decision.reason = f"host {host} refused: {ack.reason}"
+        elif decision.commit is not None and ack.phase is AckPhase.RESOLVED:
+            decision.acks[host] = ack.phase
+            job.dirty = True
+        if ack.comms:
+            previous = job.reports.get(host)
+            if previous is not None:
+                job.reports[host] = _Report(TuningReport(
+                    ack.job, previous.report.fingerprint, previous.report.want,
+                    previous.report.severity, ack.comms), now)
+
+    def reconnected(self, host: str) -> None:
+        """A host (re)connected: resend it whatever it has not acknowledged, now."""
+        for job in self._jobs.values():
+            if job.decision is not None:
+                job.decision.sent.pop(host, None)
+
+    def withdraw(self, name: str) -> None:
+        """The declaration is withdrawn: back to NCCL's own choices on every host,
+        without hold or rate limit; the job is forgotten once that holds."""
+        job = self._jobs.get(name)
+        if job is not None:
+            job.withdrawn = True
+            job.dirty = True
+
+    def forget(self, name: str) -> None:
+        if self._jobs.pop(name, None) is not None:
+            self._gone.add(name)
+
+    def forget_host(self, host: str) -> None:
+        for job in self._jobs.values():
+            job.reports.pop(host, None)
+
+    # --- outputs -----------------------------------------------------------------------
+
+    def step(self, now: float) -> list[tuple[str, Message]]:
+        """Messages to send now: (host, message)."""
+        out: list[tuple[str, Message]] = []
+        for name in sorted(self._jobs):
+            job = self._jobs[name]
+            self._detect(job, now)
+            out += self._step_job(name, job, now)
+            if job.withdrawn and job.decision is None and self._settled_default(job, now):
+                self.forget(name)
+        return out
+
+    def next_deadline(self, now: float) -> float | None:
+        times = []
+        for job in self._jobs.values():
+            decision = job.decision
+            if decision is not None:
+                times.append(now + self.settings.resend)
+                if decision.commit is None:
+                    times.append(decision.armed_at + self.settings.arm_timeout)
+        return min(times, default=None)
+
+    def health(self, name: str) -> tuple[str, TuningStatus]:
+        """What the job's tenant may know: the choice in force and whether ranks agree."""
+        job = self._jobs.get(name)
+        if job is None:
+            return DEFAULT_CHOICE, TuningStatus.STEADY
+        if job.diverged:
+            return job.choice, TuningStatus.DIVERGED
+        waiting = any(c.waiting for r in job.reports.values() for c in r.report.comms)
+        return job.choice, TuningStatus.PAUSED if waiting else TuningStatus.STEADY
+
+    def status(self, name: str) -> dict[str, Any]:
+        job = self._jobs.get(name)
+        if job is None:
+            return {}
+        decision = job.decision
+        return {
+            "choice": job.choice,
+            "decision": job.number,
+            "severity": job.severity,
+            "phase": "idle" if decision is None else (
+                "arming" if decision.commit is None else
+                "confirming" if decision.commit else "cancelling"),
+            "in_flight": None if decision is None else {
+                "number": decision.number, "choice": decision.choice,
+                "acks": {h: p.value for h, p in sorted(decision.acks.items())},
+                "waiting_for": sorted(decision.hosts - set(decision.acks)),
+                "reason": decision.reason,
+                "activations": [[f"{a.comm:#x}", a.at] for a in decision.activations]},
+            "waiting": job.waiting,
+            "health": self.health(name)[1].value,
+            "diverged": {f"{c:#x}": why for c, why in sorted(job.diverged.items())},
+            "committed": {f"{c:#x}": {"choice": ch, "at": at}
+                          for c, (ch, at) in sorted(job.committed.items())},
+            "reports": {h: {"want": r.report.want, "severity": r.report.severity,
+                            "received": r.received, "communicators": len(r.report.comms)}
+                        for h, r in sorted(job.reports.items())},
+        }
+
+    # --- the rules ---------------------------------------------------------------------
+
+    def _fresh(self, job: _Job, now: float) -> dict[str, _Report]:
+        return {h: r for h, r in sorted(job.reports.items())
+                if now - r.received <= self.settings.report_ttl}
+
+    def _detect(self, job: _Job, now: float) -> None:
+        """Compare every host's switch records of each communicator."""
+        fresh = self._fresh(job, now)
+        records: dict[int, list[Record]] = {}
+        flagged: dict[int, str] = {}
+        for host, report in fresh.items():
+            for comm in report.report.comms:
+                group = records.setdefault(comm.comm, [])
+                for state in (comm.ahead, comm.behind):
+                    group.append(Record(state.switches, state.history, state.prev_history,
+                                        state.last_switch, state.collectives))
+                if comm.diverged:
+                    flagged[comm.comm] = f"host {host} saw its own ranks disagree"
+        alive = set(records)
+        for comm in list(job.diverged):
+            if comm not in alive:
+                del job.diverged[comm]  # the communicator is gone
+        for comm, group in records.items():
+            why = flagged.get(comm) or disagreement(group)
+            if why and comm not in job.diverged:
+                job.diverged[comm] = why
+
+    def _target(self, job: _Job, fresh: dict[str, _Report], now: float) -> tuple[int, str] | None:
         """The (severity, choice) to switch to now, if any, after hysteresis."""
-        top = max(r.proposal.severity for r in fresh.values())
-        want = (top, min(r.proposal.choice for r in fresh.values()
-                         if r.proposal.severity == top))
-        current = state.current.choice if state.current else DEFAULT_CHOICE
-        if top > state.severity:
-            state.lower_since = None
+        if job.withdrawn:
+            return (0, DEFAULT_CHOICE) if job.choice != DEFAULT_CHOICE else None
+        top = max(r.report.severity for r in fresh.values())
+        want = (top, min(r.report.want for r in fresh.values() if r.report.severity == top))
+        if top > job.severity:
+            job.lower_since = None
             return want
-        if top == state.severity:
-            state.lower_since = None
-            return want if want[1] != current else None
-        if state.lower_since is None:
-            state.lower_since, state.lower_want = now, want
+        if top == job.severity:
+            job.lower_since = None
+            return want if want[1] != job.choice else None
+        if job.lower_since is None:
+            job.lower_since, job.lower_want = now, want
             return None
-        state.lower_want = max(state.lower_want, want)
-        return state.lower_want if now - state.lower_since >= self.settings.hold else None
+        job.lower_want = max(job.lower_want, want)
+        return job.lower_want if now - job.lower_since >= self.settings.hold else None
 
-    def _pending(self, state: _Job, fresh: dict[str, _Report]) -> str:
-        """Why a new choice must wait: a host that has a communicator has not yet
-        reported it past its last changed activation (hosts report until they have)."""
-        why = ""
-        for comm, (at, since) in sorted(state.guard.items()):
-            behind = [host for host, report in fresh.items()
-                      if (p := next((p for p in report.proposal.progress if p.comm == comm),
-                                    None)) is not None
-                      and (report.received < since or p.collectives < at)]
-            if not behind:
-                del state.guard[comm]
-            elif not why:
-                why = f"host {behind[0]} has not reported communicator {comm:#x} past {at}"
-        return why
+    def _rate_limited(self, job: _Job, now: float) -> bool:
+        while job.changes and now - job.changes[0] >= 60.0:
+            job.changes.popleft()
+        return len(job.changes) >= self.settings.max_decisions_per_minute
 
-    def _rate_limited(self, state: _Job, now: float) -> bool:
-        while state.changes and now - state.changes[0] >= 60.0:
-            state.changes.popleft()
-        return len(state.changes) >= self.settings.max_decisions_per_minute
+    def _comms(self, fresh: Mapping[str, _Report]) -> dict[int, list[tuple[str, CommReport]]]:
+        comms: dict[int, list[tuple[str, CommReport]]] = {}
+        for host, report in fresh.items():
+            for comm in report.report.comms:
+                comms.setdefault(comm.comm, []).append((host, comm))
+        return comms
 
-    def _activation(self, reports: Iterable[_Report], comm: int, now: float) -> int:
-        """Where ``comm`` switches: past every host's projected position, with a lead."""
+    def _not_ready(self, job: _Job, comm: int, views: list[tuple[str, CommReport]]) -> str:
+        n_ranks = max(v.n_ranks for _, v in views)
+        seen = sum(v.ranks for _, v in views)
+        if seen != n_ranks:
+            return f"{seen} of its {n_ranks} ranks reported"
+        if comm in job.diverged:
+            return f"its ranks disagree: {job.diverged[comm]}"
+        for host, view in views:
+            if view.pending:
+                return f"host {host} still has a change pending"
+            if view.waiting:
+                return f"{view.waiting} rank(s) on host {host} wait"
+            if view.refused:
+                return f"a rank on host {host} refused the newest copy"
+            if view.at and view.collectives_min <= view.at:
+                return f"a rank on host {host} has not passed the switch at {view.at}"
+        choices = {v.choice for _, v in views}
+        if len(choices) > 1:
+            return f"hosts follow different rules for it ({', '.join(sorted(choices))})"
+        return ""
+
+    def _activation(self, views: list[tuple[str, CommReport]], reports: Mapping[str, _Report],
+                    now: float) -> int:
+        """Past every host's projected position, with a lead."""
         projected, fastest = 0.0, 0.0
-        for report in reports:
-            for progress in report.proposal.progress:
-                if progress.comm == comm:
-                    age = max(0.0, now - report.received)
-                    projected = max(projected, progress.collectives + progress.per_second * age)
-                    fastest = max(fastest, progress.per_second)
+        for host, view in views:
+            age = max(0.0, now - reports[host].received)
+            projected = max(projected, view.collectives_max + view.per_second * age)
+            fastest = max(fastest, view.per_second)
         lead = max(self.settings.margin, math.ceil(fastest * self.settings.lead))
         return min(MAX_AT, math.ceil(projected) + lead)
 
-    def _decide(self, name: str, state: _Job, choice: str,
-                activations: list[Activation], now: float) -> TuningDecision:
-        state.number += 1
-        decision = TuningDecision(name, choice, state.number,
-                                  tuple(sorted(activations, key=lambda a: a.comm)))
-        before = {a.comm: a.at for a in state.current.activations} if state.current else {}
-        for activation in decision.activations:
-            if before.get(activation.comm) != activation.at:
-                state.guard[activation.comm] = (activation.at, now)
-        state.current, state.decided_at = decision, now
-        state.waiting = ""
-        state.lower_since = None
-        return decision
+    def _settled_default(self, job: _Job, now: float) -> bool:
+        fresh = self._fresh(job, now)
+        return not fresh or all(c.choice in (DEFAULT_CHOICE, "") and not c.pending
+                                for r in fresh.values() for c in r.report.comms)
 
-    def _step_job(self, name: str, state: _Job, now: float) -> TuningDecision | None:
-        fresh = self._fresh(state, now)
-        if not fresh:
-            return None
-        reports = list(fresh.values())
-        comms = sorted({p.comm for r in reports for p in r.proposal.progress})[:MAX_ACTIVATIONS]
-        target = self._target(state, fresh, now)
-        current = state.current.choice if state.current else DEFAULT_CHOICE
+    def _step_job(self, name: str, job: _Job, now: float) -> list[tuple[str, Message]]:
+        decision = job.decision
+        if decision is not None:
+            return self._progress(name, job, decision, now)
+        if now < job.retry_at:
+            return []
+        fresh = self._fresh(job, now)
+        hosts = job.hosts if job.hosts is not None else frozenset(fresh)
+        if not fresh or not hosts:
+            return []
+        silent = sorted(hosts - set(fresh))
+        if silent:
+            job.waiting = f"no recent report from host {silent[0]}"
+            return []
+        prints = {r.report.fingerprint for r in fresh.values()}
+        if len(prints) > 1:
+            job.waiting = "hosts derived different rules (declaration revisions differ)"
+            return []
+        job.fingerprint = prints.pop()
+        target = self._target(job, fresh, now)
+        goal = target[1] if target is not None else job.choice
+        comms = self._comms(fresh)
+        change: list[Activation] = []
+        why = ""
+        for comm, views in sorted(comms.items()):
+            current = {v.choice or DEFAULT_CHOICE for _, v in views}
+            if current == {goal}:
+                continue
+            reason = self._not_ready(job, comm, views)
+            if reason:
+                why = why or f"communicator {comm:#x}: {reason}"
+                continue
+            change.append(Activation(comm, self._activation(views, fresh, now)))
+        changes_choice = target is not None and goal != job.choice
+        if changes_choice and not job.withdrawn and self._rate_limited(job, now):
+            job.waiting = f"{goal} waits: {len(job.changes)} changes in the last minute"
+            return []
+        if not change:
+            if changes_choice and not comms:
+                job.choice, job.severity = goal, target[0] if target else job.severity
+                job.dirty = True
+            job.waiting = why
+            return []
+        if changes_choice:
+            job.changes.append(now)
         if target is not None:
-            pending = self._pending(state, fresh)
-            if pending:
-                state.waiting = f"{target[1]} waits: {pending}"
-            elif self._rate_limited(state, now):
-                state.waiting = (f"{target[1]} waits: {len(state.changes)} decisions in the "
-                                 "last minute")
+            job.severity = target[0]
+        job.number += 1
+        job.decision = _Decision(job.number, goal, tuple(change[:MAX_ACTIVATIONS]), hosts, now)
+        job.waiting = why
+        job.dirty = True
+        job.lower_since = None
+        return self._send(name, job, job.decision, now)
+
+    def _send(self, name: str, job: _Job, decision: _Decision,
+              now: float) -> list[tuple[str, Message]]:
+        out = []
+        message = decision.message(name, job.fingerprint)
+        wanted = AckPhase.RESOLVED if decision.commit is not None else None
+        for host in sorted(decision.hosts):
+            acked = decision.acks.get(host)
+            if acked is not None and (wanted is None or acked is wanted):
+                continue
+            if now - decision.sent.get(host, float("-inf")) < self.settings.resend:
+                continue
+            decision.sent[host] = now
+            out.append((host, message))
+        return out
+
+    def _progress(self, name: str, job: _Job, decision: _Decision,
+                  now: float) -> list[tuple[str, Message]]:
+        if decision.commit is None:
+            refused = any(p is AckPhase.REFUSED for p in decision.acks.values())
+            complete = set(decision.acks) >= decision.hosts
+            late = now - decision.armed_at >= self.settings.arm_timeout
+            if refused or late or complete:
+                why = decision.reason
+                if not why and late and not complete:
+                    missing = sorted(decision.hosts - set(decision.acks))
+                    why = f"host {missing[0]} did not answer within {self.settings.arm_timeout:g} s"
+                if not why:
+                    why = self._unaccounted(decision)
+                decision.commit = not why
+                decision.reason = why
+                decision.acks = {}
+                decision.sent = {}
+                job.dirty = True
+            return self._send(name, job, decision, now)
+        if set(decision.acks) >= decision.hosts:
+            if decision.commit:
+                for activation in decision.activations:
+                    job.committed[activation.comm] = (decision.choice, activation.at)
+                job.choice = decision.choice
+                job.backoff = BACKOFF
             else:
-                state.changes.append(now)
-                state.severity = target[0]
-                state.refresh = False
-                return self._decide(name, state, target[1],
-                                    [Activation(c, self._activation(reports, c, now))
-                                     for c in comms], now)
-        if current == DEFAULT_CHOICE or state.current is None:
-            return None
-        if state.refresh and not self._pending(state, fresh):
-            state.refresh = False
-            return self._decide(name, state, current,
-                                [Activation(c, self._activation(reports, c, now))
-                                 for c in comms], now)
-        covered = {a.comm for a in state.current.activations}
-        new = [c for c in comms if c not in covered]
-        if new and len(covered) < MAX_ACTIVATIONS:
-            room = MAX_ACTIVATIONS - len(covered)
-            return self._decide(name, state, current, [
-                *state.current.activations,
-                *(Activation(c, self._activation(reports, c, now)) for c in new[:room])], now)
-        return None
+                job.retry_at = now + job.backoff
+                job.backoff = min(MAX_BACKOFF, job.backoff * 2)
+            job.waiting = "" if decision.commit else f"cancelled: {decision.reason}"
+            job.decision = None
+            job.dirty = True
+            return []
+        return self._send(name, job, decision, now)
+
+    @staticmethod
+    def _unaccounted(decision: _Decision) -> str:
+        """Every rank of every communicator must have armed: the hosts' counts add up."""
+        for activation in decision.activations:
+            views = [c for reports in decision.ack_reports.values() for c in reports
+                     if c.comm == activation.comm]
+            if not views:
+                return f"no host armed communicator {activation.comm:#x}"
+            n_ranks = max(v.n_ranks for v in views)
+            seen = sum(v.ranks for v in views)
+            if seen != n_ranks:
+                return (f"communicator {activation.comm:#x}: {seen} of its {n_ranks} ranks "
+                        "armed")
+        return ""

@@ -31,7 +31,8 @@ from harmonaize.messages import (
     JobAdvisory,
     Message,
     Resync,
-    TuningProposal,
+    TuningAck,
+    TuningReport,
     ValidationNotice,
 )
 
@@ -96,8 +97,10 @@ class Cluster:
     new_events: list[StoredEvent] = field(default_factory=list)
     #: Job-scoped advice and notices from agents, for the shell to route to the job's tenant.
     advisories: list[JobAdvisory | ValidationNotice] = field(default_factory=list)
-    #: Tuning proposals (host, proposal), for the shell's agreement on multi-host jobs.
-    proposals: list[tuple[str, TuningProposal]] = field(default_factory=list)
+    #: Tuning reports and acknowledgements (host, message), for the shell's agreement.
+    tuning: list[tuple[str, TuningReport | TuningAck]] = field(default_factory=list)
+    #: Hosts that said hello since the shell last looked (resend what they lack).
+    hellos: list[str] = field(default_factory=list)
     #: Set whenever something tenants may see could have changed.
     changed: bool = True
 
@@ -148,8 +151,8 @@ class Cluster:
             self.new_events.append(StoredEvent(host_id, host.epoch, env.seq, env.time, body))
         elif isinstance(body, JobAdvisory | ValidationNotice):
             self.advisories.append(body)
-        elif isinstance(body, TuningProposal):
-            self.proposals.append((host_id, body))
+        elif isinstance(body, TuningReport | TuningAck):
+            self.tuning.append((host_id, body))
         self.counters["accepted"] += 1
         return [Reply(conn, Ack(env.seq))]
 
@@ -177,6 +180,7 @@ class Cluster:
         host.last_seen = now
         self._set_alive(host, True)
         self.dirty.add(host_id)
+        self.hellos.append(host_id)
         self.counters["hello"] += 1
         return [Reply(conn, Ack(host.last_seq))]
 

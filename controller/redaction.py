@@ -43,6 +43,7 @@ from harmonaize.messages import (
     Message,
     PoolCapacity,
     Trend,
+    TuningStatus,
     ValidationNotice,
 )
 from harmonaize.schema import Len, Num
@@ -131,6 +132,8 @@ class Placement:
     job: str
     tenant: str
     members: tuple[Member, ...]
+    #: The Unix group of the job's processes on its hosts (for its tuner files there).
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,14 +171,25 @@ class Redactor:
     _topics: dict[str, _Topic] = field(default_factory=dict)
     _trend: dict[str, Trend] = field(default_factory=dict)
     _out: list[Publication] = field(default_factory=list)
+    #: Each multi-host job's tuning as the controller's agreement sees it.
+    _tuning: dict[str, tuple[str, TuningStatus]] = field(default_factory=dict)
 
     # --- inputs ---------------------------------------------------------------------
 
     def place(self, placement: Placement) -> None:
         self.placements[placement.job] = placement
 
+    def tuning(self, job: str, choice: str, status: TuningStatus) -> bool:
+        """The choice in force for a job and whether its ranks agree (from the
+        controller's own comparison of every host's records, never an agent's words).
+        Returns whether it changed (then observe() again publishes it)."""
+        changed = self._tuning.get(job) != (choice, status)
+        self._tuning[job] = (choice, status)
+        return changed
+
     def remove_job(self, job: str) -> None:
         self.placements.pop(job, None)
+        self._tuning.pop(job, None)
         for topic in [t for t in self._topics if t.startswith("job/") and
                       t.endswith(f"/{job}/")]:
             del self._topics[topic]
@@ -296,7 +310,9 @@ class Redactor:
                 for link in host.links:
                     if link.link_class == "data" and link.congestion.rank > congestion.rank:
                         congestion = link.congestion
-        body = JobHealth(placement.job, tuple(sorted(degraded)), tuple(sorted(lost)), congestion)
+        choice, status = self._tuning.get(placement.job, ("default", TuningStatus.STEADY))
+        body = JobHealth(placement.job, tuple(sorted(degraded)), tuple(sorted(lost)), congestion,
+                         tuning_choice=choice, tuning=status)
         # The tenant's own members: no other host hides behind this, so no delay.
         self._schedule(job_topic(placement.tenant, placement.job), body, now, immediate=True)
 
@@ -306,7 +322,7 @@ def _content(body: Message) -> object:
     if isinstance(body, PoolCapacity):
         return (body.hosts_up, body.hosts_down, body.gpus_available)
     if isinstance(body, JobHealth):
-        return (body.degraded, body.lost, body.congestion)
+        return (body.degraded, body.lost, body.congestion, body.tuning_choice, body.tuning)
     return body
 
 
@@ -315,5 +331,6 @@ def _with_revision(body: Message, revision: int) -> Message:
         return PoolCapacity(body.pool, body.gpu_class, body.hosts_up, body.hosts_down,
                             body.gpus_available, body.trend, revision)
     if isinstance(body, JobHealth):
-        return JobHealth(body.job, body.degraded, body.lost, body.congestion, revision)
+        return JobHealth(body.job, body.degraded, body.lost, body.congestion, revision,
+                         body.tuning_choice, body.tuning)
     return body

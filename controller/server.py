@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -53,13 +54,15 @@ from harmonaize.messages import (
     PoolCapacity,
     Reply,
     Subscribe,
+    TuningReport,
+    TuningStatus,
     WireError,
     decode,
     encode,
 )
 from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import Ident, Len, SchemaError, from_plain, to_plain
+from harmonaize.schema import Ident, Len, Name, SchemaError, from_plain, to_plain
 from harmonaize.sdnotify import Notifier
 
 log = logging.getLogger("harmonaize.controller")
@@ -88,6 +91,9 @@ class PlacementRequest:
     job: Ident
     tenant: Ident
     members: Annotated[tuple[MemberRequest, ...], Len(4096, min_len=1)]
+    #: The Unix group (name or number) the job's processes run with on its hosts:
+    #: only that group may read and follow the job's tuner policy there.
+    group: Name = ""
 
 
 def _sent(future: Any) -> BaseException | None:
@@ -107,9 +113,14 @@ class ControllerServer:
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(self.store.load_hosts(), time.monotonic())
         self.redactor = Redactor(cfg.redaction, random.Random())
-        #: Multi-host jobs' tuning: every host publishes the same choice from the same point.
-        self.decision_numbers = self.store.load_decision_numbers()
-        self.agreement = Agreement(numbers=self.decision_numbers)
+        #: Multi-host jobs' tuning: two-phase changes every host applies alike.
+        self.agreement = Agreement()
+        now = time.monotonic()
+        for job, state in self.store.load_tuning().items():
+            try:
+                self.agreement.restore(job, state, now)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("job %s: unreadable tuning state ignored: %s", job, exc)
         for placement in self.store.load_placements():
             self.redactor.place(placement)
             self.agreement.set_hosts(placement.job, {m.host_id for m in placement.members})
@@ -339,23 +350,38 @@ class ControllerServer:
         return False
 
     def _agree(self, now: float) -> None:
-        """Proposals from the job's own hosts in; decisions out to all of its hosts."""
-        proposals, self.cluster.proposals = self.cluster.proposals, []
-        for host_id, proposal in proposals:
-            if host_id in self._hosts_of(proposal.job):
-                self.agreement.propose(host_id, proposal, now)
+        """Reports and acknowledgements from the job's own hosts in; arms and resolves
+        out, each stored before it is sent (so a restart resends or cancels it)."""
+        messages, self.cluster.tuning = self.cluster.tuning, []
+        for host_id, body in messages:
+            if host_id not in self._hosts_of(body.job):
+                self.feed_stats["foreign_tuning_messages"] += 1
+                continue
+            if isinstance(body, TuningReport):
+                self.agreement.report(host_id, body, now)
             else:
-                self.feed_stats["foreign_proposals"] += 1
-        for decision in self.agreement.step(now):
-            log.info("job %s: tuning choice %s (decision %d) for %d communicators",
-                     decision.job, decision.choice, decision.decision,
-                     len(decision.activations))
-            self.decision_numbers[decision.job] = decision.decision
-            self.store.save_decision_numbers(self.decision_numbers)
-            for host_id in sorted(self._hosts_of(decision.job)):
-                conn = self.cluster.conn_of.get(host_id)
-                if conn is not None:
-                    self._send(conn, decision)
+                self.agreement.ack(host_id, body, now)
+        hellos, self.cluster.hellos = self.cluster.hellos, []
+        for host_id in hellos:
+            self.agreement.reconnected(host_id)
+        outgoing = self.agreement.step(now)
+        dirty, gone = self.agreement.take_dirty()
+        if dirty or gone:
+            self.store.save_tuning({**{job: self.agreement.snapshot(job) for job in dirty},
+                                    **dict.fromkeys(gone)})
+        for host_id, body in outgoing:
+            log.info("job %s: %s decision %d to host %s", body.job, body.KIND,  # type: ignore[attr-defined]
+                     body.decision, host_id)  # type: ignore[attr-defined]
+            conn = self.cluster.conn_of.get(host_id)
+            if conn is not None:
+                self._send(conn, body)
+        for job in sorted(self.redactor.placements):
+            choice, status = self.agreement.health(job)
+            if self.redactor.tuning(job, choice, status):
+                self.cluster.changed = True
+                if status is not TuningStatus.STEADY:
+                    log.warning("job %s: tuning %s: %s", job, status.value,
+                                self.agreement.status(job).get("diverged") or "ranks wait")
 
     def _publish_changes(self) -> None:
         """Feed the redactor what changed; stage whatever it lets out now."""
@@ -471,6 +497,8 @@ class ControllerServer:
         elif placement is None or placement.tenant != tenant:
             # The same answer for "not yours" and "no such job": no probing for job ids.
             error = f"no job {declaration.job!r} of yours is placed"
+        elif declaration.group:
+            error = "declaration.group: set by the provider's placement, not by a tenant"
         else:
             error = None
         if error is not None:
@@ -484,36 +512,40 @@ class ControllerServer:
         self.store.save_declaration(tenant, declaration)
         self.feed_stats["declarations"] += 1
         self._forward(declaration)
-        self.agreement.declared(declaration.job, declaration.revision)
         return None
 
     def _hosts_of(self, job: str) -> set[str]:
         placement = self.redactor.placements.get(job)
         return {m.host_id for m in placement.members} if placement else set()
 
+    def _for_host(self, declaration: JobDeclaration) -> JobDeclaration:
+        """What a host gets: the tenant's declaration plus the job's Unix group there."""
+        placement = self.redactor.placements.get(declaration.job)
+        group = placement.group if placement is not None else ""
+        return dataclasses.replace(declaration, group=group)
+
     def _forward(self, declaration: JobDeclaration) -> None:
+        body = self._for_host(declaration)
         for host_id in sorted(self._hosts_of(declaration.job)):
             conn = self.cluster.conn_of.get(host_id)
             if conn is not None:
-                self._send(conn, declaration)
+                self._send(conn, body)
 
     def _withdraw(self, job: str) -> None:
-        self.agreement.forget(job)
+        # Hosts step back to NCCL's own choices at agreed points, then forget the job.
+        self.agreement.withdraw(job)
         if self.declarations.pop(job, None) is None:
             return
         self.store.delete_declaration(job)
         self._forward(JobDeclaration(job, withdrawn=True))
 
     def _declarations_for(self, host_id: str, conn: bytes) -> list[Any]:
-        """A (re)connecting agent learns the declarations of the jobs it hosts, and the
-        tuning decisions in force for them."""
+        """A (re)connecting agent learns the declarations of the jobs it hosts (the
+        agreement resends it any arm or resolve it has not acknowledged)."""
         replies: list[Any] = []
         for _, declaration in self.declarations.values():
             if host_id in self._hosts_of(declaration.job):
-                replies.append(ClusterReply(conn, declaration))
-                decision = self.agreement.current(declaration.job)
-                if decision is not None:
-                    replies.append(ClusterReply(conn, decision))
+                replies.append(ClusterReply(conn, self._for_host(declaration)))
         return replies
 
     # --- admin commands ------------------------------------------------------------------
@@ -645,7 +677,8 @@ class ControllerServer:
         except SchemaError as exc:
             raise CommandError(str(exc)) from None
         record = Placement(placement.job, placement.tenant,
-                           tuple(Member(m.name, m.host) for m in placement.members))
+                           tuple(Member(m.name, m.host) for m in placement.members),
+                           placement.group)
         previous = self.redactor.placements.get(record.job)
         if previous is not None and previous.tenant != record.tenant:
             # A job id now belongs to someone else: the old owner's declaration is void.
@@ -668,6 +701,7 @@ class ControllerServer:
         self.store.delete_placement(job)
         self.redactor.remove_job(job)
         self.agreement.forget(job)
+        self._agree(time.monotonic())  # its stored tuning state goes too
         return {"job": job}
 
     def _cmd_events(self, args: dict[str, Any]) -> list[dict[str, Any]]:

@@ -19,9 +19,10 @@ from controller.redaction import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
-SCHEMA_VERSION = 2
-#: Version 1 lacked the feed log and declarations: their tables are simply added.
-UPGRADABLE = {1}
+SCHEMA_VERSION = 3
+#: Version 1 lacked the feed log and declarations, version 2 the tuning state: their
+#: tables are simply added.
+UPGRADABLE = {1, 2}
 #: Host events kept for operators; older ones are pruned.
 EVENT_RETENTION = 100_000
 
@@ -58,6 +59,7 @@ CREATE TABLE IF NOT EXISTS declarations (
     tenant TEXT NOT NULL,
     body BLOB NOT NULL
 ) STRICT;
+CREATE TABLE IF NOT EXISTS tuning (job TEXT PRIMARY KEY, state TEXT NOT NULL) STRICT;
 CREATE TABLE IF NOT EXISTS host_events (
     id INTEGER PRIMARY KEY,
     host_id TEXT NOT NULL,
@@ -122,12 +124,17 @@ class Store:
         placements = []
         for job, tenant, members in self.db.execute(
                 "SELECT job, tenant, members FROM placements"):
+            raw = json.loads(members)
+            # Schema 2 stored the member list alone; 3 an object with the group.
+            group = raw.get("group", "") if isinstance(raw, dict) else ""
+            listed = raw.get("members", []) if isinstance(raw, dict) else raw
             placements.append(Placement(job, tenant, tuple(
-                Member(name, host) for name, host in json.loads(members))))
+                Member(name, host) for name, host in listed), group))
         return placements
 
     def save_placement(self, placement: Placement) -> None:
-        members = json.dumps([[m.name, m.host_id] for m in placement.members])
+        members = json.dumps({"members": [[m.name, m.host_id] for m in placement.members],
+                              "group": placement.group})
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
                             " VALUES (?, ?, ?)", (placement.job, placement.tenant, members))
@@ -158,18 +165,27 @@ class Store:
         with self.db:
             self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
 
-    def load_decision_numbers(self) -> dict[str, int]:
-        raw = self.get_meta("decision_numbers")
-        try:
-            numbers = json.loads(raw) if isinstance(raw, str) else {}
-        except ValueError:
-            return {}
-        return {k: v for k, v in numbers.items() if isinstance(k, str) and isinstance(v, int)}
+    def load_tuning(self) -> dict[str, dict[str, object]]:
+        """Each multi-host job's agreement state (decision numbers, the change in flight)."""
+        out = {}
+        for job, state in self.db.execute("SELECT job, state FROM tuning"):
+            try:
+                value = json.loads(state)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                out[job] = value
+        return out
 
-    def save_decision_numbers(self, numbers: dict[str, int]) -> None:
-        """Decision numbers only ever rise, also across restarts: agents drop repeats."""
+    def save_tuning(self, states: dict[str, dict[str, object] | None]) -> None:
+        """Stored (committed) before any message that depends on it is sent."""
         with self.db:
-            self.set_meta("decision_numbers", json.dumps(numbers, sort_keys=True))
+            for job, state in states.items():
+                if state is None:
+                    self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
+                else:
+                    self.db.execute("INSERT OR REPLACE INTO tuning (job, state) VALUES (?, ?)",
+                                    (job, json.dumps(state, sort_keys=True)))
 
     def latest_conditions(self) -> dict[str, tuple[int, bytes]]:
         """Each topic's newest condition frame, to serve late joiners after a restart."""

@@ -286,33 +286,91 @@ class ValidationNotice(Message):
 
 
 @dataclass(frozen=True)
-class Progress:
-    """How far one communicator is on this host: collectives done, and their rate."""
+class SwitchState:
+    """Where a group of ranks' answers changed: the plugin's record of it.
+
+    ``switches`` counts the changes, ``history`` is a hash chain over every
+    (collective index, ruleset) change, ``prev_history`` the chain before the
+    last one, ``last_switch`` the index of the last one, and ``collectives``
+    the most collectives any rank of the group completed.
+    """
+
+    switches: Count = 0
+    history: Count = 0
+    prev_history: Count = 0
+    last_switch: Count = 0
+    collectives: Count = 0
+
+
+@dataclass(frozen=True)
+class CommReport:
+    """One NCCL communicator as this host's ranks of it stand (no rank is named).
+
+    ``comm`` is NCCL's communicator id (its low 62 bits), ``n_ranks`` and
+    ``n_nodes`` NCCL's size of the whole communicator, ``ranks`` how many of
+    its ranks run here. ``choice``, ``at`` and ``pending`` say what this
+    host's policy holds for it; ``ahead`` and ``behind`` are the switch
+    records of the local ranks furthest along and least far along.
+    """
 
     comm: Count
-    collectives: Count
+    n_ranks: Count
+    n_nodes: Count
+    ranks: Count
+    collectives_min: Count = 0
+    collectives_max: Count = 0
     per_second: Annotated[float, Num(0.0, 1e9)] = 0.0
+    choice: Name = ""
+    at: Count = 0
+    pending: bool = False
+    ahead: SwitchState = SwitchState()
+    behind: SwitchState = SwitchState()
+    #: Local ranks waiting at an armed switch, and ranks that refused the newest copy.
+    waiting: Count = 0
+    refused: Count = 0
+    #: The agent found its own ranks of this communicator in disagreement.
+    diverged: bool = False
 
 
-@message("tuning-proposal", Category.EVENT)
+@message("tuning-report", Category.EVENT)
 @dataclass(frozen=True)
-class TuningProposal(Message):
-    """What one host of a multi-host job would choose, and how far its communicators are.
+class TuningReport(Message):
+    """What one host of a multi-host job would choose, and where its ranks stand.
 
-    ``progress`` gives, per communicator, the collectives completed and the
-    rate (per second), so the controller can set an activation point that no
-    rank has passed yet.
+    Sent while the job runs here (at least every report interval, and at once
+    when something changes): the controller sets switching points from the
+    progress and compares every host's switch records.
     """
 
     job: Ident
-    choice: Ident
+    #: Digest of the rules the host derived from the declaration in force.
+    fingerprint: Name
+    want: Ident
     #: How strongly this host wants it (0: calm ... 2: heavily congested).
     severity: Annotated[int, Num(0, 2)]
-    progress: Annotated[tuple[Progress, ...], Len(32)] = ()
+    comms: Annotated[tuple[CommReport, ...], Len(32)] = ()
+
+
+class AckPhase(StrEnum):
+    ARMED = "armed"        # every local rank will wait for, or take, the armed change
+    REFUSED = "refused"    # the change cannot be armed here (the reason says why)
+    RESOLVED = "resolved"  # the confirmation or cancellation is in the policy
+
+
+@message("tuning-ack", Category.EVENT)
+@dataclass(frozen=True)
+class TuningAck(Message):
+    """A host's answer to a tuning-arm or tuning-resolve, with its ranks' state."""
+
+    job: Ident
+    decision: Count
+    phase: AckPhase
+    reason: Text = ""
+    comms: Annotated[tuple[CommReport, ...], Len(32)] = ()
 
 
 AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "job-advisory",
-                         "validation-notice", "tuning-proposal", "goodbye"})
+                         "validation-notice", "tuning-report", "tuning-ack", "goodbye"})
 
 # --- controller -> agent -------------------------------------------------------------
 
@@ -427,33 +485,52 @@ class JobDeclaration(Message):
     revision: Count = 0
     #: The job ended or the tenant withdrew it: undo everything done for it.
     withdrawn: bool = False
+    #: The Unix group of the job's processes on the receiving host, from the
+    #: provider's placement (never from the tenant): only its members may read
+    #: and follow the job's tuner policy there. Empty: root's processes only.
+    group: Name = ""
 
 
 @dataclass(frozen=True)
 class Activation:
-    #: NCCL's communicator id (the same on every rank).
+    #: NCCL's communicator id, low 62 bits (the same on every rank).
     comm: Count
-    #: The collective index from which the decision applies on that communicator.
+    #: The collective index from which the change applies on that communicator.
     at: Count
 
 
-@message("tuning-decision", Category.CONTROL)
+@message("tuning-arm", Category.CONTROL)
 @dataclass(frozen=True)
-class TuningDecision(Message):
-    """The policy every host of a multi-host job publishes, and when it takes effect.
+class TuningArm(Message):
+    """Phase one of a multi-host change: every host arms it, none applies it yet.
 
-    ``choice`` names one of the policies the agents derive identically from the
-    job's declaration; ``activations`` gives, per NCCL communicator, the
-    collective index from which it applies, so every rank switches at once.
+    ``choice`` names one of the rulesets every host derives alike from the
+    job's declaration (``fingerprint`` says which rules); each host writes the
+    change as *pending* from ``at`` per communicator and answers with a
+    :class:`TuningAck`. Its ranks that reach ``at`` before the outcome wait.
     """
 
     job: Ident
-    choice: Ident
     decision: Count
+    choice: Ident
+    fingerprint: Name
+    activations: Annotated[tuple[Activation, ...], Len(32, min_len=1)]
+
+
+@message("tuning-resolve", Category.CONTROL)
+@dataclass(frozen=True)
+class TuningResolve(Message):
+    """Phase two: the armed change is confirmed (``commit``) or cancelled, alike
+    on every host. Resent until each host acknowledged it."""
+
+    job: Ident
+    decision: Count
+    commit: bool
     activations: Annotated[tuple[Activation, ...], Len(32)] = ()
 
 
-CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-decision"})
+CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-arm",
+                              "tuning-resolve"})
 
 # --- controller -> tenant feed -------------------------------------------------------
 
@@ -473,6 +550,14 @@ class PoolCapacity(Message):
     revision: Count
 
 
+class TuningStatus(StrEnum):
+    """How the job's retuning stands, as the controller sees every host's ranks."""
+
+    STEADY = "steady"      # every rank answers alike; no change is waiting
+    PAUSED = "paused"      # ranks wait at a switching point for its confirmation
+    DIVERGED = "diverged"  # ranks answered differently at some collective: the job may hang
+
+
 @message("job-health", Category.CONDITION)
 @dataclass(frozen=True)
 class JobHealth(Message):
@@ -487,6 +572,10 @@ class JobHealth(Message):
     #: The worst congestion on the data links of the job's hosts.
     congestion: Level = Level.NONE
     revision: Count = 0
+    #: The choice of the job's declared tuning ranges in force (``default``: NCCL's own).
+    tuning_choice: Name = "default"
+    #: Whether every rank follows it alike (see :class:`TuningStatus`).
+    tuning: TuningStatus = TuningStatus.STEADY
 
 
 # --- tenant <-> controller ------------------------------------------------------------

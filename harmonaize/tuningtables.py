@@ -26,6 +26,9 @@ def render_jobs(result: dict[str, Any]) -> str:
             ("pending", "PENDING"), ("bulk_floor_mbps", "BULK FLOOR Mb/s"),
             ("reason", "REASON"), ("waiting", "WAITING"),
         ])]
+        for r in rows:
+            parts += [f"DIVERGED: job {r['job']} communicator {line}"
+                      for line in r.get("diverged", [])]
     else:
         parts += ["", "no declared jobs"]
     htb = result.get("traffic_classes") or {}
@@ -40,6 +43,16 @@ def render_jobs(result: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _rank_state(rank: dict[str, Any]) -> str:
+    if rank.get("waiting_at") is not None:
+        return f"waiting at {rank['waiting_at']}"
+    if rank.get("refused") is not None:
+        return f"refused rev {rank['refused']}"
+    if rank.get("deferred"):
+        return "deferred"
+    return "" if rank.get("mapped") else "no policy mapped"
+
+
 def render_policy(result: dict[str, Any]) -> str:
     declaration = result.get("declaration", {})
     bulk = declaration.get("bulk")
@@ -51,7 +64,10 @@ def render_policy(result: dict[str, Any]) -> str:
         ("waiting", result.get("waiting") or "-"),
         ("mode", result.get("mode")),
         ("decision", result.get("decision")),
+        ("cancelled", result.get("cancelled")),
         ("policy file", f"{result.get('policy_file')} (policy id {result.get('policy_id')})"),
+        ("group", "-" if result.get("group") is None else result.get("group")),
+        ("channels", result.get("channels")),
         ("rules digest", result.get("fingerprint")),
         ("bulk", "-" if not bulk else f"floor {bulk.get('floor_mbps')} Mb/s, ports "
          f"{bulk.get('ports') or '-'}, DSCP {bulk.get('dscp') or '-'}"),
@@ -77,11 +93,24 @@ def render_policy(result: dict[str, Any]) -> str:
     parts += [f"note: {note}" for note in result.get("notes", [])]
     comms = result.get("communicators", [])
     if comms:
-        parts += ["", table(comms, [
+        parts += ["", table([{**c, "state": c.get("diverged") or c.get("waiting") or (
+            "pending" if c.get("pending") else "")} for c in comms], [
             ("comm", "COMMUNICATOR"), ("ranks", "RANKS"), ("nodes", "NODES"),
-            ("collectives", "COLLECTIVES"), ("per_second", "PER S"), ("before", "BEFORE"),
-            ("at", "AT"), ("after", "AFTER"), ("passed", "PASSED"),
+            ("here", "HERE"), ("collectives", "COLLECTIVES"), ("per_second", "PER S"),
+            ("revision", "REV"), ("before", "BEFORE"), ("at", "AT"), ("after", "AFTER"),
+            ("passed", "PASSED"), ("state", "STATE"),
         ])]
+    plugin = result.get("plugin", [])
+    if plugin:
+        parts += ["", table([{**p, "switch": p["last_switch"] if p["switches"] else "-",
+                              "state": _rank_state(p)} for p in plugin], [
+            ("pid", "PID"), ("comm", "COMMUNICATOR"), ("collectives", "COLLECTIVES"),
+            ("revision", "REV"), ("switches", "SWITCHES"), ("switch", "LAST SWITCH"),
+            ("nccl", "NCCL"), ("state", "STATE"),
+        ])]
+    if result.get("orphaned"):
+        parts.append("following rules this agent could not rebuild (left as they are): "
+                     + ", ".join(result["orphaned"]))
     if result.get("unlisted"):
         parts.append(f"left to NCCL (the policy holds 32 communicators): "
                      f"{', '.join(result['unlisted'])}")

@@ -11,7 +11,14 @@ import pytest
 from agent.tuning import nextlaunch
 from agent.tuning.loop import Entry, build_policy
 from agent.tuning.policies import derive
-from agent.tuning.shm import PolicyFile, policy_path, read_policy
+from agent.tuning.shm import (
+    PolicyFile,
+    launch_path,
+    policy_path,
+    prepare_dirs,
+    prepare_job_dir,
+    read_policy,
+)
 from harmonaize.messages import JobDeclaration
 from harmonaize.schema import from_plain
 from tests.conftest import python
@@ -67,7 +74,7 @@ def test_declare_then_jobs_and_policy_tables_and_json(spawn, workdir: Path) -> N
     policy = read_policy(policy_path(tuner_dir(workdir), JOB))
     assert policy.comms == () and len(policy.rulesets) == 0
     # So is the next-launch file, in the format NCCL reads.
-    launch = wait_until(lambda: (p := tuner_dir(workdir) / f"{JOB}.nccl.conf").exists() and p,
+    launch = wait_until(lambda: (p := launch_path(tuner_dir(workdir), JOB)).exists() and p,
                         what="the next-launch file")
     assert "# HarmonAIze next-launch recommendations" in launch.read_text()
     assert all(k.startswith("NCCL_") for k in nextlaunch.parse(launch.read_text()))
@@ -90,23 +97,25 @@ def test_withdrawal_removes_the_jobs_files(spawn, workdir: Path) -> None:
     daemon = agent(spawn, workdir)
     daemon.request("declare", {"declaration": DECLARATION})
     policy = policy_path(tuner_dir(workdir), JOB)
-    wait_until(lambda: policy.exists() and (tuner_dir(workdir) / f"{JOB}.nccl.conf").exists(),
+    wait_until(lambda: policy.exists() and launch_path(tuner_dir(workdir), JOB).exists(),
                what="the job's files")
     daemon.request("declare", {"declaration": {"job": JOB, "revision": 3, "withdrawn": True}})
     wait_until(lambda: not policy.exists(), what="the policy to go")
-    assert not (tuner_dir(workdir) / f"{JOB}.nccl.conf").exists()
+    assert not policy.parent.exists()  # the job's whole directory
     assert daemon.request("jobs")["jobs"] == []
 
 
 def test_a_restarted_agent_adopts_the_policy_and_cleans_up_orphans(spawn, workdir: Path) -> None:
     directory = tuner_dir(workdir)
-    directory.mkdir()
+    prepare_dirs(directory)
+    prepare_job_dir(directory, JOB, None)
+    prepare_job_dir(directory, "finished-job", None)
     severe = derive(from_plain(JobDeclaration, DECLARATION)).get("severe").rules
-    published = build_policy([Entry(0xABC, 5000, "default", "severe", (), severe)], 41, 10**10)
+    published = build_policy([Entry(0xABC, 5000, "default", "severe", (), severe, 2)], 41)
     with PolicyFile(policy_path(directory, JOB)) as handle:
         handle.write(published)
     with PolicyFile(policy_path(directory, "finished-job")) as handle:
-        handle.write(build_policy([], 3, 10**10))
+        handle.write(build_policy([], 3))
     (directory / "notes.txt").write_text("not ours")
     daemon = agent(spawn, workdir, orphan_grace=0.5)
     daemon.request("declare", {"declaration": DECLARATION})

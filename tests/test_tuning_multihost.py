@@ -58,7 +58,8 @@ def entry(cluster: TestCluster, host: str) -> object:
     if not path.exists():
         return None
     found = read_policy(path).entry(COMM)
-    return found if found is not None and found.after is not None else None
+    return (found if found is not None and found.after is not None and not found.pending
+            else None)
 
 
 def test_two_hosts_switch_together_on_one_hosts_congestion(cluster: TestCluster,
@@ -92,8 +93,8 @@ def test_two_hosts_switch_together_on_one_hosts_congestion(cluster: TestCluster,
         env = {**os.environ, "HARMONAIZE_JOB": JOB,
                "HARMONAIZE_TUNER_DIR": str(cluster.policy_dir(host)), "RANK": str(index)}
         ranks.append(cluster.lab.popen(host, [sys.executable, str(RANK), str(PLUGIN),
-                                              hex(COMM), "2", "2", "200", str(logs[host])],
-                                       env=env))
+                                              hex(COMM), "2", "2", "200", str(logs[host]),
+                                              "--nccl", "23203"], env=env))
     try:
         deadline = time.monotonic() + 30
         while not all(cluster.agent_request(h, "policy", {"job": JOB})["communicators"]
@@ -111,7 +112,7 @@ def test_two_hosts_switch_together_on_one_hosts_congestion(cluster: TestCluster,
             assert time.monotonic() < deadline, "no agreed policy on both hosts"
             time.sleep(0.1)
         at_a, at_b = entry(cluster, "a"), entry(cluster, "b")
-        assert at_a.activate_at == at_b.activate_at
+        assert at_a.at == at_b.at
         pa = read_policy(policy_path(cluster.policy_dir("a"), JOB))
         pb = read_policy(policy_path(cluster.policy_dir("b"), JOB))
         assert pa.rulesets[at_a.after] == pb.rulesets[at_b.after]
@@ -121,11 +122,11 @@ def test_two_hosts_switch_together_on_one_hosts_congestion(cluster: TestCluster,
             assert time.monotonic() < deadline, "a rank never switched"
             time.sleep(0.1)
         assert outcomes(logs["a"])[1] == outcomes(logs["b"])[1]
-        assert outcomes(logs["a"])[1][0] == at_a.activate_at
+        assert outcomes(logs["a"])[1][0] == at_a.at
         jobs = {j["job"]: j for j in cluster.admin_request("jobs")}
         assert jobs[JOB]["tuning"]["choice"] in ("congested", "severe")
-        proposals = jobs[JOB]["tuning"]["proposals"]
-        assert proposals["a"]["severity"] > 0 and proposals["b"]["severity"] == 0
+        reports = jobs[JOB]["tuning"]["reports"]
+        assert reports["a"]["severity"] > 0 and reports["b"]["severity"] == 0
         client.wait(timeout=30)
         server.wait(timeout=30)
     finally:

@@ -64,8 +64,8 @@ def declare(agent: Agent, declaration: dict) -> None:
 def rank(spawn: Spawn, workdir: Path, lab: Lab, rate: int = 200) -> Path:
     out = workdir / "rank.log"
     env = {**os.environ, "HARMONAIZE_JOB": JOB, "HARMONAIZE_TUNER_DIR": str(workdir / "tuner")}
-    spawn(lab.cmd("a", [sys.executable, str(RANK), str(PLUGIN), hex(COMM), "8", "1",
-                        str(rate), str(out)]), env=env)
+    spawn(lab.cmd("a", [sys.executable, str(RANK), str(PLUGIN), hex(COMM), "1", "1",
+                        str(rate), str(out), "--nccl", "23203"]), env=env)
     return out
 
 
@@ -125,7 +125,8 @@ def test_congestion_changes_the_plugins_choice_at_the_activation_point(
     def switched() -> object:
         policy = read_policy(policy_path(workdir / "tuner", JOB))
         entry = policy.entry(COMM)
-        return entry is not None and entry.after is not None and (policy, entry)
+        return (entry is not None and entry.after is not None and not entry.pending
+                and (policy, entry))
 
     policy, entry = wait_until(switched, timeout=30, what="a congested policy")
     assert policy.rulesets[entry.after] in (choices.get("congested").rules,
@@ -148,11 +149,11 @@ def test_congestion_changes_the_plugins_choice_at_the_activation_point(
     # level falls one step per hold), each step at an agreed index.
     def returned() -> object:
         entry = read_policy(policy_path(workdir / "tuner", JOB)).entry(COMM)
-        return entry is not None and entry.after is None and entry
+        return entry is not None and entry.after is None and not entry.pending and entry
 
     back = wait_until(returned, timeout=30, what="the return to NCCL's choice")
-    wait_until(lambda: outcomes(log)[-1][0] >= back.activate_at, what="the rank to return")
-    assert outcomes(log)[-1] == (back.activate_at, "ring", "ll", 0)
+    wait_until(lambda: outcomes(log)[-1][0] >= back.at, what="the rank to return")
+    assert outcomes(log)[-1] == (back.at, "ring", "ll", 0)
     kinds = [(h["from"], h["to"]) for h in agent.request("policy", {"job": JOB})["history"]
              if h["kind"] == "local"]
     assert kinds[0][0] == "default" and kinds[-1][1] == "default"

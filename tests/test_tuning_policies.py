@@ -93,8 +93,8 @@ def test_derivation_is_byte_identical_across_hosts_and_the_wire() -> None:
     for a, b in zip(one.choices, two.choices, strict=True):
         entry_a = Entry(7, 100, "default", a.name, (), a.rules)
         entry_b = Entry(7, 100, "default", b.name, (), b.rules)
-        assert encode_policy(build_policy([entry_a], 1, 10**10)) == \
-            encode_policy(build_policy([entry_b], 1, 10**10))
+        assert encode_policy(build_policy([entry_a], 1)) == \
+            encode_policy(build_policy([entry_b], 1))
 
 
 def test_a_different_declaration_has_a_different_fingerprint() -> None:
@@ -154,7 +154,7 @@ def test_rules_never_leave_the_declared_ranges(declaration: JobDeclaration) -> N
     # What the plugin reads back is exactly what was derived.
     entries = [Entry(i + 1, 10, "default", c.name, (), c.rules)
                for i, c in enumerate(derivation.choices)]
-    policy = build_policy(entries, 1, 10**10)
+    policy = build_policy(entries, 1)
     assert decode_policy(encode_policy(policy)) == policy
 
 
@@ -173,7 +173,7 @@ def test_the_plugin_only_ever_picks_a_declared_entry(declaration, table, coll, n
     derivation = derive(declaration)
     for choice in derivation.choices:
         entry = Entry(1, 0, "default", choice.name, (), choice.rules)
-        policy = build_policy([entry], 1, 10**10)
+        policy = build_policy([entry], 1)
         out, n = apply(policy, 1, 5, coll, nbytes, table, channels)
         zeroed = [(a, p) for a in range(7) for p in range(3)
                   if out[a][p] == 0.0 and table[a][p] != 0.0]

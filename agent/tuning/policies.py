@@ -32,6 +32,7 @@ the declared band.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -123,7 +124,7 @@ class Derivation:
         """Whether any choice changes anything (a declaration without ranges does not)."""
         return any(choice.rules for choice in self.choices)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Digest of the encoded rules of every choice, as the plugin reads them."""
         image = encode_policy(Policy(0, rulesets=tuple(c.rules for c in self.choices)))

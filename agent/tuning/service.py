@@ -1,30 +1,37 @@
 """Tuning inside the agent: the I/O shell around :class:`TuningLoop`.
 
-Each pass it reads the plugin's per-communicator counters of every declared
-job, steps the loop with the link observations, and carries out what the loop
-decided: policy files written through :class:`PolicyFile` (and heartbeated
-every pass, so the plugins know the agent is alive), proposals published to
-the controller, files of finished jobs removed. It also keeps the HTB classes
-for declared bulk traffic in line with the declarations and link speeds, and
-writes each job's next-launch NCCL configuration.
+Each pass it reads the plugin's per-rank records of every declared job,
+steps the loop with the link observations, and carries out what the loop
+decided: policy files written through :class:`PolicyFile`, then, when a
+change was armed, the ranks' records read again so the loop can confirm or
+cancel it (one host) or acknowledge it to the controller (several hosts);
+messages published to the controller; files of finished jobs removed. It
+also keeps the HTB classes for declared bulk traffic in line with the
+declarations and link speeds, and writes each job's next-launch NCCL
+configuration.
 
-Policy files outlive the agent on purpose: a restarted agent adopts them as
-they are, so nothing switches mid-stream; meanwhile their heartbeat ages and
-the plugins fall back to NCCL's own choices. Files of jobs no declaration
-claims within ``orphan_grace`` seconds of a start are removed.
+Each job has its own directory, readable only by root and the job's Unix
+group (from the provider's placement), so another tenant's processes can
+neither list, read nor follow it. Policy files outlive the agent on purpose:
+a restarted agent adopts them (or, if one is unreadable, rebuilds it from
+what the ranks report they follow), so nothing switches mid-stream, and
+while no agent runs every rank keeps what it follows. Files of jobs no
+declaration claims within ``orphan_grace`` seconds of a start are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
-import re
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.conditions import Finding
 from agent.config import LinksSection, TuningSection
 from agent.linkhealth import views
 from agent.net import sysfs
@@ -35,7 +42,7 @@ from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
 from agent.tuning.loop import (
     Action,
     LoopSettings,
-    Propose,
+    Publish,
     Retire,
     TuningLoop,
     WritePolicy,
@@ -43,14 +50,26 @@ from agent.tuning.loop import (
 )
 from agent.tuning.policies import CHOICE_NAMES, describe_rule
 from agent.tuning.shm import (
+    NCCL_CAP_VERSION,
     U32_MAX,
     PolicyFile,
     StatsSlots,
+    job_dir,
+    launch_path,
     policy_path,
+    prepare_dirs,
+    prepare_job_dir,
     read_policy,
     read_stats,
+    validate_job,
 )
-from harmonaize.messages import JobDeclaration, Message, TuningDecision
+from harmonaize.messages import (
+    JobDeclaration,
+    Message,
+    Severity,
+    TuningArm,
+    TuningResolve,
+)
 from harmonaize.opsocket import CommandError
 from harmonaize.schema import to_plain
 
@@ -58,19 +77,30 @@ log = logging.getLogger(__name__)
 
 #: Next-launch files are recomputed this often (seconds).
 LAUNCH_PERIOD = 10.0
-_OURS = re.compile(r"([A-Za-z0-9._:@+-]{1,128})\.(policy|nccl\.conf)")
 
-
-def launch_path(directory: str | os.PathLike[str], job: str) -> Path:
-    return policy_path(directory, job).with_suffix(".nccl.conf")
+__all__ = ["TuningService", "launch_path", "resolve_group", "settings_from"]
 
 
 def settings_from(cfg: TuningSection) -> LoopSettings:
     return LoopSettings(
         max_changes_per_minute=cfg.max_changes_per_minute, hold=cfg.hold,
         activation_lead=cfg.activation_lead, activation_margin=cfg.activation_margin,
-        proposal_refresh=cfg.proposal_refresh, stall=cfg.stall,
+        report_interval=cfg.report_interval, stall=cfg.stall,
         link_classes=tuple(cfg.link_classes))
+
+
+def resolve_group(group: str) -> int | None:
+    """A group name or number from a placement; None (root only) if empty or unknown."""
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        log.warning("group %r is not known on this host: only root's processes can follow "
+                    "the job's policy", group)
+        return None
 
 
 class TuningService:
@@ -84,6 +114,7 @@ class TuningService:
         self.shaper = htb if htb is not None else (HtbShaper() if cfg.htb else None)
         self.files: dict[str, PolicyFile] = {}
         self.policy_ids: dict[str, int] = {}
+        self.groups: dict[str, int | None] = {}
         self.stats: dict[str, StatsSlots] = {}
         self.launch: dict[str, str] = {}
         self._launch_at: dict[str, float] = {}
@@ -96,30 +127,36 @@ class TuningService:
         self._shaped = True
         self.errors = 0
         self.last_error = ""
-        self.rejected_decisions = 0
+        self.rejected = 0
 
     # --- lifecycle ------------------------------------------------------------------
 
     def start(self, now: float) -> None:
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):
-                self.dir.chmod(0o755)  # tenants' processes read policies and write stats here
+            prepare_dirs(self.dir)
             entries = os.listdir(self.dir)
         except OSError as exc:  # the agent serves on; each write will say why it failed
             self._fail(f"policy directory {self.dir}: {exc.strerror or exc}")
             entries = []
         for entry in entries:
-            match = _OURS.fullmatch(entry)
-            if match:
-                self._orphans[match.group(1)] = now + self.cfg.orphan_grace
+            with contextlib.suppress(ValueError):
+                if (self.dir / validate_job(entry)).is_dir():
+                    self._orphans[entry] = now + self.cfg.orphan_grace
         if self.shaper is not None:
             try:
                 self.shaper.remove_stale()
             except Exception as exc:
                 self._fail(f"removing stale traffic classes: {exc}")
 
-    def stop(self) -> None:
+    def stop(self, now: float | None = None) -> None:
+        """Communicators on this host alone go back to NCCL's own choices (at agreed
+        indices); then the traffic classes go. Policy files stay for the next agent."""
+        now = time.time() if now is None else now
+        try:
+            fresh = {job: read_stats(self.dir, job) for job in self.loop.jobs}
+            self._run(self.loop.shutdown(fresh, now), now)
+        except Exception as exc:
+            log.warning("tuning: returning to NCCL's choices at stop: %s", exc)
         if self.shaper is not None:
             try:
                 self.shaper.close()
@@ -142,44 +179,61 @@ class TuningService:
         new = job not in self.loop.jobs
         actions = self.loop.declare(declaration, now)
         self._orphans.pop(job, None)
+        gid = resolve_group(declaration.group)
+        if new or self.groups.get(job) != gid:
+            self.groups[job] = gid
+            try:
+                prepare_job_dir(self.dir, job, gid)
+            except (OSError, ValueError) as exc:
+                self._fail(f"job {job}: its directory: {exc}")
         if new:
             adopted = self._adopt(job, now)
             actions = adopted if adopted is not None else actions
-        self._run(actions)
+        self._run(actions, now)
 
     def _adopt(self, job: str, now: float) -> list[Action] | None:
         path = policy_path(self.dir, job)
-        if not path.exists():
+        slots = read_stats(self.dir, job)
+        if not path.exists() and not slots:
+            return None
+        policy = None
+        if path.exists():
+            try:
+                policy = read_policy(path)
+            except (OSError, ValueError) as exc:
+                log.warning("job %s: the previous policy is unreadable (%s): rebuilding it from "
+                            "what its ranks follow", job, exc)
+        if policy is not None:
+            self.policy_ids[job] = policy.policy_id
+        if (policy is None or not policy.comms) and not any(s.revision for s in slots):
             return None
         try:
-            policy = read_policy(path)
-        except (OSError, ValueError) as exc:
-            log.info("job %s: not adopting the existing policy (%s)", job, exc)
-            return None
-        self.policy_ids[job] = policy.policy_id
-        if not policy.comms:
-            return None
-        try:
-            actions = self.loop.adopt(job, policy, now)
+            actions = self.loop.adopt(job, policy, slots, now)
         except (ValueError, IndexError) as exc:
-            log.info("job %s: not adopting the existing policy (%s)", job, exc)
-            return None
+            log.warning("job %s: not adopting the previous policy (%s); its ranks keep what "
+                        "they follow", job, exc)
+            return []
         log.info("job %s: adopted the previous agent's policy (%d communicators)", job,
-                 len(policy.comms))
+                 len(self.loop.jobs[job].entries))
         return actions
 
     def withdraw(self, job: str, now: float) -> None:
         """Raises ValueError for a job with no declaration."""
-        self._run(self.loop.withdraw(job, now))
+        self._run(self.loop.withdraw(job, now), now)
 
-    def decision(self, decision: TuningDecision, now: float) -> None:
-        try:
-            actions = self.loop.decide(decision, now)
-        except ValueError as exc:
-            self.rejected_decisions += 1
-            self._fail(f"decision rejected: {exc}")
-            return
-        self._run(actions)
+    def arm(self, message: TuningArm, now: float) -> None:
+        self._refresh(message.job, now)
+        self._run(self.loop.arm(message, now), now)
+
+    def resolve(self, message: TuningResolve, now: float) -> None:
+        self._run(self.loop.resolve(message, now), now)
+
+    def _refresh(self, job: str, now: float) -> None:
+        """Fresh records of one job's ranks, so the loop judges the present."""
+        state = self.loop.jobs.get(job)
+        if state is not None:
+            self.stats[job] = read_stats(self.dir, job)
+            self.loop.refresh(job, self.stats[job], now)
 
     # --- each pass ------------------------------------------------------------------
 
@@ -193,16 +247,10 @@ class TuningService:
             link_views = views(sample, rdma if isinstance(rdma, RdmaSample) else None)
             self.stats = {job: read_stats(self.dir, job) for job in self.loop.jobs}
             try:
-                self._run(self.loop.step(link_views, self.stats, now))
-            except Exception as exc:  # one bad pass must not stop the heartbeats below
+                self._run(self.loop.step(link_views, self.stats, now), now)
+            except Exception as exc:  # one bad pass must not stop the next
                 self._fail(f"tuning step failed: {exc}")
                 log.exception("tuning step failed")
-        beat = time.monotonic_ns()
-        for job, handle in list(self.files.items()):
-            try:
-                handle.heartbeat(beat)
-            except (OSError, ValueError) as exc:
-                self._fail(f"job {job}: heartbeat: {exc}")
         self._shape(sample)
         self._next_launch(now)
         for job, deadline in list(self._orphans.items()):
@@ -212,43 +260,73 @@ class TuningService:
                     self._remove_files(job)
                     log.info("removed the files of job %s: no declaration claimed them", job)
 
-    def _run(self, actions: list[Action]) -> None:
+    def _run(self, actions: list[Action], now: float) -> None:
         for action in actions:
             if isinstance(action, WritePolicy):
                 self._write(action)
-            elif isinstance(action, Propose):
-                self.publish(action.proposal)
+            elif isinstance(action, Publish):
+                self.publish(action.message)
             elif isinstance(action, Retire):
                 self._remove_files(action.job)
                 self.policy_ids.pop(action.job, None)
                 self.stats.pop(action.job, None)
-                log.info("job %s: declaration withdrawn and communicators quiet: policy removed",
-                         action.job)
+                self.groups.pop(action.job, None)
+                log.info("job %s: declaration withdrawn and communicators settled: "
+                         "policy removed", action.job)
+        waiting = [name for name, job in self.loop.jobs.items() if job.arming or job.acking]
+        if waiting:
+            # Armed entries are in the files: what do the ranks say now?
+            fresh = {name: read_stats(self.dir, name) for name in waiting}
+            self.stats.update(fresh)
+            self._run(self.loop.confirm(fresh, now), now)
 
-    def _write(self, action: WritePolicy) -> None:
+    def _write(self, action: WritePolicy) -> bool:
         job = action.job
         policy_id = self.policy_ids.get(job, 0) % U32_MAX + 1
         try:
-            policy = build_policy(action.entries, policy_id,
-                                  int(self.cfg.stale_after * 1e9))
+            policy = build_policy(action.entries, policy_id)
             handle = self.files.get(job)
             if handle is None:
+                prepare_job_dir(self.dir, job, self.groups.get(job))
                 handle = self.files[job] = PolicyFile(policy_path(self.dir, job))
-            handle.write(policy, time.monotonic_ns())
+                self.loop.file(job, handle.identity)
+            handle.write(policy)
         except (OSError, ValueError) as exc:
             self._fail(f"job {job}: writing the policy: {exc}")
-            return
+            return False
         self.policy_ids[job] = policy_id
+        return True
 
     def _remove_files(self, job: str) -> None:
         handle = self.files.pop(job, None)
         if handle is not None:
             handle.remove()
-        for path in (policy_path(self.dir, job), launch_path(self.dir, job)):
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+        folder = job_dir(self.dir, job)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(folder)
         self.launch.pop(job, None)
         self._launch_at.pop(job, None)
+
+    # --- operator conditions --------------------------------------------------------
+
+    def findings(self) -> list[Finding]:
+        """Conditions for operators: ranks that disagree, ranks that wait. INFO: they
+        are about a job, not the host's hardware (the host stays healthy)."""
+        diverged, paused = [], []
+        for name, job in sorted(self.loop.jobs.items()):
+            diverged += [f"job {name} comm {line}" for line in job.diverged]
+            for comm in job.comms.values():
+                waiting = [s for s in comm.slots if s.waiting]
+                if waiting:
+                    paused.append(f"job {name} comm {comm.comm_id:#x}: {len(waiting)} rank(s) "
+                                  f"wait at collective {waiting[0].wait_at} for a change to be "
+                                  "confirmed")
+        return [
+            Finding("TuningDiverged", bool(diverged), Severity.INFO,
+                    "RanksDisagree" if diverged else "", "; ".join(diverged)[:1000]),
+            Finding("TuningPaused", bool(paused), Severity.INFO,
+                    "WaitingForConfirmation" if paused else "", "; ".join(paused)[:1000]),
+        ]
 
     # --- traffic classes ------------------------------------------------------------
 
@@ -307,7 +385,9 @@ class TuningService:
             tmp = path.with_name(f".{path.name}.tmp")
             try:
                 tmp.write_text(text)
-                tmp.chmod(0o644)
+                tmp.chmod(0o640)
+                if os.geteuid() == 0:
+                    os.chown(tmp, 0, path.parent.stat().st_gid)
                 os.replace(tmp, path)
             except OSError as exc:
                 self._fail(f"job {job}: writing {path.name}: {exc}")
@@ -333,22 +413,23 @@ class TuningService:
                 "choice": job.choice,
                 "wanted": CHOICE_NAMES[job.desired_severity],
                 "mode": "multi-host" if job.multi else "one host",
-                "communicators": len(job.comms),
-                "pending": self.loop.pending_activations(name, now),
+                "communicators": len([c for c in job.comms.values() if c.slots]),
+                "pending": self.loop.pending_activations(name),
                 "bulk_floor_mbps": job.declaration.bulk.floor_mbps
                 if job.declaration.bulk else None,
                 "reason": job.reason,
                 "waiting": job.waiting or ("withdrawn" if job.retiring else ""),
+                "diverged": job.diverged,
             })
         return {"jobs": rows, "link_level": self.loop.raw.value,
                 "evidence": self.loop.evidence, "policy_dir": str(self.dir),
-                "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error,
-                "rejected_decisions": self.rejected_decisions}
+                "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error}
 
     def policy_view(self, args: Mapping[str, Any], now: float) -> dict[str, Any]:
         name = self._job(args.get("job"))
         job = self.loop.jobs[name]
         stats = self.stats.get(name, StatsSlots())
+        versions = {s.nccl_version for s in stats}
         return {
             "job": name,
             "declaration": to_plain(job.declaration),
@@ -361,20 +442,34 @@ class TuningService:
             "reason": job.reason,
             "waiting": job.waiting,
             "mode": "multi-host" if job.multi else "one host",
-            "decision": job.decision if job.decision >= 0 else None,
-            "late_activations": job.late_activations,
+            "decision": job.acked[0] or None,
+            "cancelled": job.aborted,
             "unlisted": [f"{c:#018x}" for c in sorted(job.unlisted)],
+            "orphaned": [f"{c:#018x}" for c in sorted(job.orphaned)],
+            "group": self.groups.get(name),
             "policy_file": str(policy_path(self.dir, name)),
             "policy_id": self.policy_ids.get(name),
+            "channels": "capped" if versions and min(versions) >= NCCL_CAP_VERSION else
+            "left to NCCL (its release takes any count as the count itself)" if versions else
+            "unknown (no rank yet)",
             "communicators": [
                 {"comm": f"{c.comm_id:#018x}", "ranks": c.n_ranks, "nodes": c.n_nodes,
-                 "collectives": c.collectives, "per_second": round(c.rate, 1),
+                 "here": len(c.slots), "collectives": c.collectives,
+                 "per_second": round(c.rate, 1),
                  "at": (e := job.entries.get(c.comm_id)) and e.at,
+                 "revision": e.revision if e else 0,
                  "before": e.before if e else None, "after": e.after if e else "unlisted",
-                 "passed": e is None or c.passed(e.at, now, self.loop.settings.stall)}
+                 "pending": bool(e and e.pending),
+                 "passed": e is None or not e.switches or c.passed(e.at),
+                 "waiting": c.waiting, "diverged": c.divergence}
                 for c in sorted(job.comms.values(), key=lambda c: c.comm_id)],
             "plugin": [{"pid": s.pid, "comm": f"{s.comm_id:#018x}", "collectives": s.collectives,
-                        "policy_id": s.policy_id_applied, "fallbacks": s.fallbacks}
+                        "revision": s.revision, "at": s.at, "pending": s.held.pending,
+                        "switches": s.switches, "last_switch": s.last_switch,
+                        "waiting_at": s.wait_at if s.waiting else None,
+                        "refused": s.refused_revision if s.refused else None,
+                        "deferred": s.deferred, "mapped": s.mapped,
+                        "fallbacks": s.fallbacks, "nccl": s.nccl_version}
                        for s in stats],
             "malformed_stats_files": stats.malformed,
             "history": [{"time": c.time, "step": c.step, "kind": c.kind, "from": c.before,

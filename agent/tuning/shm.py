@@ -1,24 +1,32 @@
-"""Shared memory between the agent and the NCCL tuner plugin.
+"""Shared memory between the agent and the NCCL tuner plugin (layout version 2).
 
-The agent publishes a *policy* per job in ``<dir>/<job>.policy``: for listed
+The agent publishes a *policy* per job in ``<dir>/<job>/policy``: for listed
 communicators, which algorithm/protocol NCCL should prefer and how many
 channels it may use, per collective and message size, switching from one
-ruleset to another at an exact collective index (``activate_at``) so every
-rank of a communicator switches on the same collective. The plugin
-(``native/tuner/plugin.c``) maps the file read-only in the tenant's process
-and reads it on every collective without locks, through a seqlock. It
-reports per-communicator counters in ``<dir>/<job>.<pid>.stats``.
+ruleset to another at an exact collective index (``at``) so every rank of a
+communicator switches on the same collective. An entry may be *pending*: its
+change is armed but not confirmed, and a rank that reaches ``at`` waits until
+the agent confirms or cancels it. Each entry carries a revision that only
+rises. The plugin (``native/tuner/plugin.c``) maps the file read-only in the
+tenant's process, reads it through a seqlock without locks, and accepts a new
+copy of its entry only where :func:`evaluate` says so. It reports per
+communicator what it follows and where it switched in
+``<dir>/<job>/<pid>-<tag>.stats``, holding a shared lock on that file for as
+long as the process lives.
 
 Both layouts are fixed-size, little-endian and naturally aligned; the byte
 offsets here and in ``native/tuner/hz_shm.h`` must agree. :func:`decode_policy`
-accepts exactly what the plugin accepts, and :func:`apply` computes exactly
-what the plugin does to NCCL's cost table, so the tests use both as an
-oracle for the C code.
+accepts exactly what the plugin accepts, :func:`apply` computes exactly what
+the plugin does to NCCL's cost table, and :func:`evaluate` decides exactly as
+the plugin does, so the tests use them as an oracle for the C code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
+import fcntl
 import mmap
 import os
 import re
@@ -26,14 +34,16 @@ import stat
 import struct
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
 DEFAULT_DIR = Path("/run/harmonaize/tuner")
+POLICY_NAME = "policy"
+LAUNCH_NAME = "nccl.conf"
 
 POLICY_MAGIC = 0x50545A48  # "HZTP"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_SIZE = 64
 MAX_COMMS = 32
 MAX_RULESETS = 16
@@ -48,30 +58,51 @@ COMMS_OFFSET = HEADER_SIZE
 RULESETS_OFFSET = COMMS_OFFSET + MAX_COMMS * COMM_SIZE
 POLICY_SIZE = RULESETS_OFFSET + MAX_RULESETS * RULESET_SIZE  # 9408
 SEQ_OFFSET = 8
-HEARTBEAT_OFFSET = 16
+WRITTEN_OFFSET = 16
 CHECKSUM_OFFSET = 40
+FLAG_PENDING = 0x1
 
 STATS_MAGIC = 0x53545A48  # "HZTS"
-STATS_VERSION = 1
+STATS_VERSION = 2
 STATS_SLOTS = 32
-STATS_SIZE = 16 + STATS_SLOTS * 48  # 1552
+STATS_HEADER_SIZE = 64
+STATS_SLOT_SIZE = 128
+STATS_SIZE = STATS_HEADER_SIZE + STATS_SLOTS * STATS_SLOT_SIZE  # 4160
+
+#: The first NCCL release that takes the tuner's channel count as a cap.
+NCCL_CAP_VERSION = 23100
+#: NCCL's most channels (MAXCHANNELS); the plugin never writes more.
+MAX_CHANNELS = 64
+#: Collective indices at which ranks look for a policy they do not map yet (multiples of
+#: the first) and for one that replaced theirs (of the second).
+RECHECK_EVERY = 256
+REPLACED_EVERY = 1024
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
 INT32_MAX = 2**31 - 1
+FNV64_BASIS = 0xCBF29CE484222325
+#: The value "wait here" in :func:`value` (an armed change not yet confirmed).
+WAIT = -1
 
-# magic, layout_version, header_size, seq, heartbeat_ns, stale_after_ns,
-# policy_id, n_comms, n_rulesets, checksum, 20 reserved bytes
+# magic, layout_version, header_size, seq, written_ns, reserved, policy_id,
+# n_comms, n_rulesets, checksum, 20 reserved bytes
 _HEADER = struct.Struct("<IHHQQQIHHI20x")
-_COMM = struct.Struct("<QQHHIQ")  # comm_id, activate_at, before, after, reserved x2
+# comm_id, at, before, after, flags, reserved, revision, reserved
+_COMM = struct.Struct("<QQHHHHII")
 _SET_HEAD = struct.Struct("<II")  # n_rules, reserved
 _RULE = struct.Struct("<IIQQBx4sH")  # mask, max_channels, min, max, n_prefs, prefs, reserved
-_STATS_HEADER = struct.Struct("<IHHII")  # magic, version, n_slots, pid, reserved
-# comm_id, n_ranks, n_nodes, collectives, policy_id_applied, fallbacks, in_use, reserved
-_STATS_SLOT = struct.Struct("<QIIQQQII")
+# magic, version, n_slots, pid, nccl_version, tag, 40 reserved bytes
+_STATS_HEADER = struct.Struct("<IHHIIQ40x")
+# comm_id, n_ranks, n_nodes, collectives, in_use, seq | flags, revision, at, before_hash,
+# after_hash, last_switch, history, prev_history, switches, refused_revision, policy_dev,
+# policy_ino, wait_at, fallbacks, refusals
+_SLOT_HOT = struct.Struct("<QIIQII")
+_SLOT_COLD = struct.Struct("<IIQQQQQQIIQQQII")
 
 assert _HEADER.size == HEADER_SIZE and _COMM.size == COMM_SIZE and _RULE.size == RULE_SIZE
-assert _STATS_HEADER.size + STATS_SLOTS * _STATS_SLOT.size == STATS_SIZE
+assert _STATS_HEADER.size == STATS_HEADER_SIZE
+assert _SLOT_HOT.size + _SLOT_COLD.size == STATS_SLOT_SIZE
 
 _JOB = re.compile(r"[A-Za-z0-9._:@+-]{1,128}")
 
@@ -187,19 +218,46 @@ class Rule:
         return coll_ok and self.min_bytes <= nbytes <= self.max_bytes
 
 
+def _fnv64(data: bytes, h: int = FNV64_BASIS) -> int:
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & U64_MAX
+    return h
+
+
+def ruleset_hash(rules: Sequence[Rule]) -> int:
+    """The plugin's identity of a ruleset (what it decides): 0 for none or no rules."""
+    if not rules:
+        return 0
+    h = _fnv64(struct.pack("<I", len(rules)))
+    for rule in rules:
+        h = _fnv64(struct.pack("<IIQQB", rule.coll_mask, rule.max_channels, rule.min_bytes,
+                               rule.max_bytes, len(rule.prefs)), h)
+        h = _fnv64(bytes(p.encode() for p in rule.prefs), h)
+    return h or 1
+
+
+def history_step(history: int, index: int, ruleset: int) -> int:
+    """The plugin's switch history after a change of answer at ``index`` to ``ruleset``."""
+    return _fnv64(struct.pack("<QQ", index, ruleset), history or FNV64_BASIS)
+
+
 @dataclass(frozen=True)
 class CommEntry:
     """A communicator under policy: ruleset ``before`` for collectives
-    ``n < activate_at``, ``after`` from then on (``None``: NCCL's choice)."""
+    ``n < at``, ``after`` from then on (``None``: NCCL's choice). ``pending``:
+    the change at ``at`` is armed, not confirmed; ranks reaching ``at`` wait."""
 
     comm_id: int
-    activate_at: int = 0
+    at: int = 0
     before: int | None = None
     after: int | None = None
+    revision: int = 1
+    pending: bool = False
 
     def __post_init__(self) -> None:
         _check_int("comm_id", self.comm_id, 0, U64_MAX)
-        _check_int("activate_at", self.activate_at, 0, U64_MAX)
+        _check_int("at", self.at, 0, U64_MAX)
+        _check_int("revision", self.revision, 0, U32_MAX)
         for name in ("before", "after"):
             index = getattr(self, name)
             if index is not None:
@@ -213,15 +271,11 @@ class Policy:
     policy_id: int
     comms: tuple[CommEntry, ...] = ()
     rulesets: tuple[tuple[Rule, ...], ...] = ()
-    #: The plugin ignores the policy once its heartbeat is older than this.
-    stale_after_ns: int = 10_000_000_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "comms", tuple(self.comms))
         object.__setattr__(self, "rulesets", tuple(tuple(s) for s in self.rulesets))
-        # policy_id 0 is legal but reads as "none" in the stats file.
         _check_int("policy_id", self.policy_id, 0, U32_MAX)
-        _check_int("stale_after_ns", self.stale_after_ns, 0, U64_MAX)
         if len(self.comms) > MAX_COMMS:
             raise ValueError(f"at most {MAX_COMMS} communicators, got {len(self.comms)}")
         if len(self.rulesets) > MAX_RULESETS:
@@ -249,16 +303,178 @@ class Policy:
     def entry(self, comm_id: int) -> CommEntry | None:
         return next((c for c in self.comms if c.comm_id == comm_id), None)
 
+    def rules(self, index: int | None) -> tuple[Rule, ...]:
+        return () if index is None else self.rulesets[index]
+
+    def view(self, comm_id: int) -> Held:
+        """What a context of ``comm_id`` holds once it took this policy."""
+        entry = self.entry(comm_id)
+        if entry is None:
+            return Held()
+        return Held(True, entry.at, ruleset_hash(self.rules(entry.before)),
+                    ruleset_hash(self.rules(entry.after)), entry.revision, entry.pending)
+
+
+# --- what a context follows, and whether it takes a new copy -------------------------
+
+
+@dataclass(frozen=True)
+class Held:
+    """A communicator's entry as a plugin context sees it (rulesets by hash)."""
+
+    listed: bool = False
+    at: int = 0
+    before: int = 0
+    after: int = 0
+    revision: int = 0
+    pending: bool = False
+
+
+def value(entry: Held, index: int) -> int:
+    """The ruleset (hash; 0 NCCL's own) ``entry`` answers at ``index``, or WAIT."""
+    if not entry.listed:
+        return 0
+    if index < entry.at:
+        return entry.before
+    return WAIT if entry.pending else entry.after
+
+
+def _same_at(held: Held, new: Held, index: int) -> bool:
+    vh, vn = value(held, index), value(new, index)
+    if vh != WAIT:
+        return vh == vn
+    if vn == WAIT:
+        return (new.at, new.before, new.after) == (held.at, held.before, held.after)
+    return vn in (held.before, held.after)
+
+
+def _agree(held: Held, new: Held, lo: int, hi: int | None) -> bool:
+    return all(_same_at(held, new, p) for p in (lo, held.at, new.at)
+               if p >= lo and (hi is None or p < hi))
+
+
+class Verdict(IntEnum):
+    ACCEPT = 0
+    DEFER = 1
+    REFUSE = 2
+
+
+def evaluate(held: Held, new: Held, n: int) -> tuple[Verdict, int | None]:
+    """Whether a context holding ``held``, about to issue collective ``n``,
+    takes ``new`` (and, when deferred, the index at which it looks again).
+
+    The same rule as ``hz_evaluate`` in the plugin: revisions never go back; a
+    copy that answers alike from ``n`` on is taken; one that differs only from
+    its own ``at`` >= ``n`` on (and beyond the held entry's armed switch, if it
+    holds one) is taken; one that could agree once this rank passed its held
+    ``at`` waits for that index; anything else is refused.
+    """
+    if new.revision < held.revision:
+        return Verdict.REFUSE, None
+    if new.revision == held.revision:
+        return (Verdict.ACCEPT if new == held else Verdict.REFUSE), None
+    if _agree(held, new, n, None):
+        return Verdict.ACCEPT, None
+    # A new switch must lie beyond an armed one this rank holds: before it, the armed
+    # change's outcome would be decided by nobody.
+    if new.at >= n and (not held.pending or new.at > held.at) and _agree(held, new, n, new.at):
+        return Verdict.ACCEPT, None
+    if held.listed and n < held.at:
+        return Verdict.DEFER, held.at
+    return Verdict.REFUSE, None
+
+
+@dataclass
+class ReferenceContext:
+    """A plugin context as the reference sees it: what it holds, a deferred copy, its
+    switch record. ``see()`` a new copy of its entry (taken at its next call, as the
+    plugin takes a new seq), then ``call()`` once per collective; a call the plugin
+    would wait in (an armed switch reached) must not be made: ``would_wait()`` says."""
+
+    held: Held = field(default_factory=Held)
+    cand: Held | None = None
+    defer_at: int | None = None
+    unseen: Held | None = None
+    n: int = 0
+    current: int = 0
+    switches: int = 0
+    last_switch: int = 0
+    history: int = 0
+    prev_history: int = 0
+    refused: int | None = None
+
+    def see(self, copy: Held) -> None:
+        self.unseen = copy
+
+    def _judge(self, new: Held, n: int) -> None:
+        verdict, retry = evaluate(self.held, new, n)
+        if verdict is Verdict.ACCEPT:
+            self.held, self.cand, self.defer_at, self.refused = new, None, None, None
+        elif verdict is Verdict.DEFER:
+            self.cand, self.defer_at, self.refused = new, retry, None
+        else:
+            self.cand, self.defer_at, self.refused = None, None, new.revision
+
+    def _prepare(self, n: int) -> None:
+        if self.unseen is not None:
+            new, self.unseen = self.unseen, None
+            self._judge(new, n)
+        if self.defer_at is not None and self.defer_at <= n and self.cand is not None:
+            self._judge(self.cand, n)
+
+    def would_wait(self) -> bool:
+        trial = dataclasses.replace(self)
+        trial._prepare(self.n)
+        return value(trial.held, self.n) == WAIT
+
+    def call(self) -> int:
+        """The ruleset (hash) this collective runs with."""
+        n = self.n
+        self._prepare(n)
+        answer = value(self.held, n)
+        if answer == WAIT:
+            raise RuntimeError(f"the plugin would wait at collective {n}")
+        if answer != self.current:
+            self.prev_history = self.history
+            self.history = history_step(self.history, n, answer)
+            self.switches += 1
+            self.last_switch = n
+            self.current = answer
+        self.n = n + 1
+        return answer
+
+    def slot(self, pid: int, comm_id: int, n_ranks: int, n_nodes: int,
+             policy_file: tuple[int, int] = (0, 0)) -> StatsSlot:
+        held = self.held
+        flags = (FLAG_MAPPED if policy_file != (0, 0) else 0) | (
+            FLAG_LISTED if held.listed else 0) | (FLAG_HELD_PENDING if held.pending else 0) | (
+            FLAG_REFUSED if self.refused is not None else 0) | (
+            FLAG_DEFERRED if self.defer_at is not None else 0)
+        return StatsSlot(pid, comm_id, n_ranks, n_nodes, self.n, flags, held.revision, held.at,
+                         held.before, held.after, self.last_switch, self.history,
+                         self.prev_history, self.switches, self.refused or 0, policy_file)
+
+
+# --- paths ---------------------------------------------------------------------------
+
 
 def validate_job(job: str) -> str:
-    """The plugin's rule for ``HARMONAIZE_JOB``; the name becomes a file name."""
-    if not _JOB.fullmatch(job):
+    """The plugin's rule for ``HARMONAIZE_JOB``; the name becomes a directory name."""
+    if not _JOB.fullmatch(job) or job in (".", ".."):
         raise ValueError(f"job name must be 1-128 of [A-Za-z0-9._:@+-], got {job!r}")
     return job
 
 
+def job_dir(directory: str | os.PathLike[str], job: str) -> Path:
+    return Path(directory) / validate_job(job)
+
+
 def policy_path(directory: str | os.PathLike[str], job: str) -> Path:
-    return Path(directory) / f"{validate_job(job)}.policy"
+    return job_dir(directory, job) / POLICY_NAME
+
+
+def launch_path(directory: str | os.PathLike[str], job: str) -> Path:
+    return job_dir(directory, job) / LAUNCH_NAME
 
 
 def pseudo_comm_id(n_ranks: int, n_nodes: int) -> int:
@@ -267,26 +483,66 @@ def pseudo_comm_id(n_ranks: int, n_nodes: int) -> int:
     return (1 << 63 | n_ranks << 20 | n_nodes) & U64_MAX
 
 
-def _fnv1a(data: bytes | memoryview, h: int = 0x811C9DC5) -> int:
-    for byte in data:
-        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return h
+def prepare_dirs(directory: str | os.PathLike[str]) -> None:
+    """The policy directory: root's, and others may pass through but not list it,
+    so no process learns which jobs a host runs."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0)
+    path.chmod(0o711)
+
+
+def prepare_job_dir(directory: str | os.PathLike[str], job: str, gid: int | None) -> Path:
+    """A job's directory, reachable only by root and the job's group.
+
+    With a group: ``root:<gid>`` mode 3770. The job's ranks (any uid in the
+    group) create their stats files there, which take the group (setgid);
+    the sticky bit keeps them from removing or replacing the agent's files.
+    Without one: root only (0700); ranks of other users cannot be tuned.
+    """
+    path = job_dir(directory, job)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode):
+            raise ValueError(f"{path} exists and is not a directory") from None
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0 if gid is None else gid)
+    path.chmod(0o700 if gid is None else 0o3770)
+    return path
+
+
+def _fchown_group(fd: int, path: Path) -> None:
+    """Give a file the group of its directory (the job's), for the ranks to read."""
+    if os.geteuid() == 0:
+        os.fchown(fd, 0, path.parent.stat().st_gid)
+
+
+# --- the policy file -----------------------------------------------------------------
 
 
 def checksum(image: bytes | bytearray | memoryview) -> int:
     """FNV-1a 32 over bytes [32, 40) then [64, POLICY_SIZE) of a policy image."""
+    def fnv32(data: bytes | memoryview, h: int) -> int:
+        for byte in data:
+            h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+        return h
+
     view = memoryview(image)
-    return _fnv1a(view[HEADER_SIZE:POLICY_SIZE], _fnv1a(view[32:40]))
+    return fnv32(view[HEADER_SIZE:POLICY_SIZE], fnv32(view[32:40], 0x811C9DC5))
 
 
-def encode_policy(policy: Policy, *, seq: int = 0, heartbeat_ns: int = 0) -> bytes:
+def encode_policy(policy: Policy, *, seq: int = 0, written_ns: int = 0) -> bytes:
     """The full file image of ``policy``, checksum included."""
     image = bytearray(POLICY_SIZE)
     for i, entry in enumerate(policy.comms):
         _COMM.pack_into(
-            image, COMMS_OFFSET + i * COMM_SIZE, entry.comm_id, entry.activate_at,
+            image, COMMS_OFFSET + i * COMM_SIZE, entry.comm_id, entry.at,
             NO_SET if entry.before is None else entry.before,
-            NO_SET if entry.after is None else entry.after, 0, 0,
+            NO_SET if entry.after is None else entry.after,
+            FLAG_PENDING if entry.pending else 0, 0, entry.revision, 0,
         )
     for s, rules in enumerate(policy.rulesets):
         base = RULESETS_OFFSET + s * RULESET_SIZE
@@ -298,8 +554,8 @@ def encode_policy(policy: Policy, *, seq: int = 0, heartbeat_ns: int = 0) -> byt
                 rule.min_bytes, rule.max_bytes, len(rule.prefs), prefs, 0,
             )
     _HEADER.pack_into(
-        image, 0, POLICY_MAGIC, LAYOUT_VERSION, HEADER_SIZE, seq, heartbeat_ns,
-        policy.stale_after_ns, policy.policy_id, len(policy.comms), len(policy.rulesets), 0,
+        image, 0, POLICY_MAGIC, LAYOUT_VERSION, HEADER_SIZE, seq, written_ns, 0,
+        policy.policy_id, len(policy.comms), len(policy.rulesets), 0,
     )
     struct.pack_into("<I", image, CHECKSUM_OFFSET, checksum(image))
     return bytes(image)
@@ -330,11 +586,11 @@ def _decode_ruleset(image: bytes, index: int) -> tuple[Rule, ...]:
 
 def decode_policy(image: bytes) -> Policy:
     """Parse and validate a policy image exactly as the plugin does (seq and
-    heartbeat are not part of the policy). Raises ValueError."""
+    written_ns are not part of the policy). Raises ValueError."""
     if len(image) < POLICY_SIZE:
         raise ValueError(f"policy image is {len(image)} bytes, needs {POLICY_SIZE}")
     image = bytes(image[:POLICY_SIZE])
-    magic, version, header_size, _, _, stale_after, policy_id, n_comms, n_sets, check = (
+    magic, version, header_size, _, _, _, policy_id, n_comms, n_sets, check = (
         _HEADER.unpack_from(image)
     )
     if magic != POLICY_MAGIC:
@@ -347,23 +603,27 @@ def decode_policy(image: bytes) -> Policy:
         raise ValueError("checksum mismatch")
     comms = []
     for i in range(n_comms):
-        comm_id, activate_at, before, after, _, _ = _COMM.unpack_from(
+        comm_id, at, before, after, flags, _, revision, _ = _COMM.unpack_from(
             image, COMMS_OFFSET + i * COMM_SIZE
         )
         if (before != NO_SET and before >= n_sets) or (after != NO_SET and after >= n_sets):
             raise ValueError(f"communicator {comm_id:#x} names a missing ruleset")
-        comms.append(CommEntry(comm_id, activate_at, None if before == NO_SET else before,
-                               None if after == NO_SET else after))
+        if flags & ~FLAG_PENDING:
+            raise ValueError(f"communicator {comm_id:#x} has unknown flags {flags:#x}")
+        comms.append(CommEntry(comm_id, at, None if before == NO_SET else before,
+                               None if after == NO_SET else after, revision,
+                               bool(flags & FLAG_PENDING)))
     rulesets = tuple(_decode_ruleset(image, s) for s in range(n_sets))
-    return Policy(policy_id, tuple(comms), rulesets, stale_after)
+    return Policy(policy_id, tuple(comms), rulesets)
 
 
 class PolicyFile:
-    """The agent's writable handle on ``<dir>/<job>.policy``.
+    """The agent's writable handle on ``<dir>/<job>/policy``.
 
     The file is created whole (written to a temporary name, then renamed), so
     the plugin never maps a short file; afterwards it is only ever rewritten
     in place under the seqlock, never truncated, so live mappings stay valid.
+    An existing file is kept as it is: ranks follow what is in it.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -371,31 +631,29 @@ class PolicyFile:
         self._ensure_file()
         fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
+            info = os.fstat(fd)
+            self.identity = (info.st_dev, info.st_ino)
             self._map = mmap.mmap(fd, POLICY_SIZE, mmap.MAP_SHARED,
                                   mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         # 8-byte views: assigning an item is one aligned 8-byte store, so the
-        # plugin's atomic loads of seq and heartbeat never see a torn value
-        # (struct.pack_into stores little-endian integers byte by byte).
+        # plugin's atomic load of seq never sees a torn value (struct.pack_into
+        # stores little-endian integers byte by byte).
         self._words = memoryview(self._map).cast("Q")
 
     def _ensure_file(self) -> None:
-        parent = self.path.parent
-        if not parent.is_dir():
-            parent.mkdir(parents=True, exist_ok=True)
-            parent.chmod(0o755)
         with contextlib.suppress(FileNotFoundError):
             info = self.path.lstat()
             if stat.S_ISREG(info.st_mode) and info.st_size == POLICY_SIZE:
                 return  # rewritten in place by write(): live mappings follow it
-        # An empty policy with heartbeat 0 is valid but stale: the plugin
-        # stays inert until the first write().
-        tmp = parent / f".{self.path.name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        # An empty policy lists nothing: NCCL's own choices until the first write().
+        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
         try:
-            os.fchmod(fd, 0o644)
-            os.write(fd, encode_policy(Policy(0, stale_after_ns=0)))
+            os.fchmod(fd, 0o640)
+            _fchown_group(fd, self.path)
+            os.write(fd, encode_policy(Policy(0)))
             os.replace(tmp, self.path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -407,8 +665,8 @@ class PolicyFile:
     def seq(self) -> int:
         return self._words[SEQ_OFFSET // 8]
 
-    def write(self, policy: Policy, heartbeat_ns: int | None = None) -> None:
-        """Publish ``policy`` under the seqlock, then refresh the heartbeat.
+    def write(self, policy: Policy) -> None:
+        """Publish ``policy`` under the seqlock.
 
         Order: seq made odd, body, checksum, seq made even. Each step is a
         store the interpreter performs in program order, and x86-64 keeps
@@ -426,12 +684,7 @@ class PolicyFile:
         self._map[CHECKSUM_OFFSET + 4:POLICY_SIZE] = image[CHECKSUM_OFFSET + 4:POLICY_SIZE]
         self._map[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 4] = image[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 4]
         self._words[SEQ_OFFSET // 8] = (odd + 1) & U64_MAX
-        self.heartbeat(heartbeat_ns)
-
-    def heartbeat(self, now_ns: int | None = None) -> None:
-        """Mark the policy live as of ``now_ns`` (CLOCK_MONOTONIC, the
-        plugin's clock); outside the seqlock, one 8-byte store."""
-        self._words[HEARTBEAT_OFFSET // 8] = time.monotonic_ns() if now_ns is None else now_ns
+        self._words[WRITTEN_OFFSET // 8] = time.monotonic_ns()
 
     def close(self) -> None:
         if not self._map.closed:
@@ -439,8 +692,8 @@ class PolicyFile:
             self._map.close()
 
     def remove(self) -> None:
-        """Withdraw the policy: plugins keep their mapping of the unlinked
-        file, whose heartbeat goes stale, and fall back to NCCL's choice."""
+        """Withdraw the file: plugins keep their mapping of the unlinked file and
+        the entry they hold, so nothing switches."""
         self.close()
         self.path.unlink(missing_ok=True)
 
@@ -470,6 +723,14 @@ def read_policy(path: str | os.PathLike[str], attempts: int = 100) -> Policy:
     raise ValueError("policy file is being rewritten (seq odd or changing)")
 
 
+def effective_channels(cap: int, n_channels: int, nccl_version: int) -> int:
+    """What the plugin leaves in ``*nChannels`` for a rule's cap on an NCCL release."""
+    if cap <= 0 or nccl_version < NCCL_CAP_VERSION:
+        return n_channels  # 2.22-2.30 use any non-zero value as the count: never touched
+    cap = min(cap, MAX_CHANNELS)
+    return cap if n_channels <= 0 or n_channels > cap else n_channels
+
+
 def apply(  # noqa: PLR0917 -- mirrors getCollInfo's arguments
     policy: Policy,
     comm_id: int,
@@ -478,9 +739,11 @@ def apply(  # noqa: PLR0917 -- mirrors getCollInfo's arguments
     nbytes: int,
     table: Sequence[Sequence[float]],
     n_channels: int,
+    nccl_version: int = 23203,
 ) -> tuple[list[list[float]], int]:
     """What the plugin does to NCCL's ``table[algo][proto]`` and channel count
-    on collective number ``n`` of ``comm_id``, given a live (fresh) policy.
+    on collective number ``n`` of ``comm_id``, for a context that took
+    ``policy`` (and is not waiting at a pending entry's ``at``).
 
     Returns new values; the inputs are not modified.
     """
@@ -488,7 +751,7 @@ def apply(  # noqa: PLR0917 -- mirrors getCollInfo's arguments
     entry = policy.entry(comm_id)
     if entry is None:
         return out, n_channels
-    index = entry.after if n >= entry.activate_at else entry.before
+    index = entry.after if n >= entry.at else entry.before
     if index is None:
         return out, n_channels
     rule = next((r for r in policy.rulesets[index] if r.matches(coll, nbytes)), None)
@@ -511,86 +774,197 @@ def apply(  # noqa: PLR0917 -- mirrors getCollInfo's arguments
         if best is not None:
             out[best[0]][best[1]] = 0.0
             break
-    if rule.max_channels > 0 and (n_channels == 0 or n_channels > rule.max_channels):
-        n_channels = rule.max_channels
-    return out, n_channels
+    return out, effective_channels(rule.max_channels, n_channels, nccl_version)
+
+
+# --- the stats files -----------------------------------------------------------------
+
+FLAG_MAPPED = 0x1
+FLAG_HELD_PENDING = 0x2
+FLAG_WAITING = 0x4
+FLAG_REFUSED = 0x8
+FLAG_DEFERRED = 0x10
+FLAG_CHANNELS = 0x20
+FLAG_LISTED = 0x40
+FLAG_INVALID = 0x80
 
 
 @dataclass(frozen=True)
 class StatsSlot:
-    """One live tuner context (communicator) in a tenant process."""
+    """One live tuner context (a rank of a communicator) in a tenant process."""
 
     pid: int
     comm_id: int
     n_ranks: int
     n_nodes: int
-    #: Collectives this communicator has issued so far.
+    #: Collectives this context has completed: the index of its next one.
     collectives: int
-    #: Id of the policy the context last found live, 0 if none yet.
-    policy_id_applied: int
-    #: Calls on which the policy was missing, stale, torn or invalid.
-    fallbacks: int
+    flags: int = FLAG_MAPPED
+    #: The entry it follows (revision 0: none, NCCL's own choices).
+    revision: int = 0
+    at: int = 0
+    before_hash: int = 0
+    after_hash: int = 0
+    #: Where its answer last changed, how often, and a hash chain over every change.
+    last_switch: int = 0
+    history: int = 0
+    prev_history: int = 0
+    switches: int = 0
+    refused_revision: int = 0
+    #: The policy file it maps (device, inode); (0, 0) when none.
+    policy_file: tuple[int, int] = (0, 0)
+    wait_at: int = 0
+    #: Calls with no policy to follow.
+    fallbacks: int = 0
+    refusals: int = 0
+    nccl_version: int = 0
+    #: Which process file (pid and random tag): tells apart pids of other namespaces.
+    tag: int = 0
+
+    @property
+    def held(self) -> Held:
+        return Held(bool(self.flags & FLAG_LISTED), self.at, self.before_hash,
+                    self.after_hash, self.revision, bool(self.flags & FLAG_HELD_PENDING))
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.flags & FLAG_WAITING)
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.flags & FLAG_REFUSED)
+
+    @property
+    def deferred(self) -> bool:
+        return bool(self.flags & FLAG_DEFERRED)
+
+    @property
+    def mapped(self) -> bool:
+        return bool(self.flags & FLAG_MAPPED)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """This context among all of the host's (process, file, communicator)."""
+        return (self.pid, self.tag, self.comm_id)
 
 
 class StatsSlots(list[StatsSlot]):
-    """The live slots of a job, plus how many stats files were malformed."""
+    """The live slots of a job, plus how many stats files were malformed and how
+    many were left by processes that died (removed as they are found)."""
 
-    def __init__(self, slots: Iterable[StatsSlot] = (), malformed: int = 0) -> None:
+    def __init__(self, slots: Iterable[StatsSlot] = (), malformed: int = 0,
+                 dead: int = 0) -> None:
         super().__init__(slots)
         self.malformed = malformed
+        self.dead = dead
 
 
-def _parse_stats(data: bytes, pid: int) -> list[StatsSlot] | None:
-    if len(data) != STATS_SIZE:
+_STATS_NAME = re.compile(r"([0-9]{1,10})-([0-9a-f]{16})\.stats")
+
+
+def _parse_slot(data: bytes, offset: int, pid: int, nccl: int, tag: int) -> StatsSlot | None:
+    comm_id, n_ranks, n_nodes, collectives, in_use, _ = _SLOT_HOT.unpack_from(data, offset)
+    if in_use not in (0, 1):
+        raise ValueError("in_use")
+    if not in_use:
         return None
-    magic, version, n_slots, file_pid, _ = _STATS_HEADER.unpack_from(data)
-    if (magic, version, n_slots, file_pid) != (STATS_MAGIC, STATS_VERSION, STATS_SLOTS, pid):
-        return None
-    slots = []
-    for i in range(STATS_SLOTS):
-        comm_id, n_ranks, n_nodes, colls, policy_id, fallbacks, in_use, _ = (
-            _STATS_SLOT.unpack_from(data, _STATS_HEADER.size + i * _STATS_SLOT.size)
-        )
-        if in_use not in (0, 1):
+    (flags, revision, at, before, after, last_switch, history, prev_history, switches, refused,
+     dev, ino, wait_at, fallbacks, refusals) = _SLOT_COLD.unpack_from(data, offset + _SLOT_HOT.size)
+    return StatsSlot(pid, comm_id, n_ranks, n_nodes, collectives, flags, revision, at, before,
+                     after, last_switch, history, prev_history, switches, refused, (dev, ino),
+                     wait_at, fallbacks, refusals, nccl, tag)
+
+
+def _read_slots(fd: int, pid: int, tag: int, attempts: int = 50) -> list[StatsSlot] | None:
+    """Every in-use slot, each read consistently under its seqlock (None: malformed)."""
+    slots: dict[int, StatsSlot] = {}
+    pending = list(range(STATS_SLOTS))
+    nccl = 0
+    for _ in range(attempts):
+        data = os.pread(fd, STATS_SIZE + 1, 0)
+        if len(data) != STATS_SIZE:
             return None
-        if in_use:
-            slots.append(StatsSlot(pid, comm_id, n_ranks, n_nodes, colls, policy_id, fallbacks))
-    return slots
+        magic, version, n_slots, file_pid, nccl, file_tag = _STATS_HEADER.unpack_from(data)
+        if (magic, version, n_slots, file_pid, file_tag) != (
+                STATS_MAGIC, STATS_VERSION, STATS_SLOTS, pid, tag):
+            return None
+        again = []
+        for i in pending:
+            offset = STATS_HEADER_SIZE + i * STATS_SLOT_SIZE
+            seq = int.from_bytes(data[offset + 28:offset + 32], "little")
+            if seq % 2:
+                again.append(i)
+                continue
+            try:
+                slot = _parse_slot(data, offset, pid, nccl, tag)
+            except ValueError:
+                return None
+            after = os.pread(fd, 4, offset + 28)
+            if int.from_bytes(after, "little") != seq:
+                again.append(i)
+            elif slot is not None:
+                slots[i] = slot
+        pending = again
+        if not pending:
+            return [slots[i] for i in sorted(slots)]
+        time.sleep(0.0002)
+    return None  # a writer kept a slot odd: the process is stuck mid-update, or hostile
 
 
-def read_stats(directory: str | os.PathLike[str], job: str) -> StatsSlots:
-    """Every live slot in ``<directory>/<job>.<pid>.stats`` files.
+def _alive(fd: int) -> bool:
+    """The plugin holds a shared lock for its process's life (inherited by forks)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EACCES)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def read_stats(directory: str | os.PathLike[str], job: str, *,
+               remove_dead: bool = True) -> StatsSlots:
+    """Every live slot in the job's ``<pid>-<tag>.stats`` files.
 
     The files are written by tenant processes, so their content is untrusted:
     a malformed file is skipped and counted in ``malformed``, never raised.
-    Files left by processes that died without finalizing remain (the pid may
-    be in another pid namespace, so it cannot be checked here).
+    A file whose process died (nobody holds its lock) is not counted and, with
+    ``remove_dead``, removed.
     """
-    pattern = re.compile(re.escape(validate_job(job)) + r"\.([0-9]{1,10})\.stats")
+    folder = job_dir(directory, job)
     result = StatsSlots()
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted(os.listdir(folder))
     except OSError:
         return result
     for name in names:
-        match = pattern.fullmatch(name)
+        match = _STATS_NAME.fullmatch(name)
         if match is None:
             continue
+        path = folder / name
         try:
-            fd = os.open(Path(directory) / name,
-                         os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue  # gone since the listing (process exited), or not ours to read
         try:
-            data = os.pread(fd, STATS_SIZE + 1, 0)
-        except OSError:
-            data = b""
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                result.malformed += 1
+                continue
+            if not _alive(fd):
+                result.dead += 1
+                if remove_dead:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                continue
+            try:
+                slots = _read_slots(fd, int(match.group(1)), int(match.group(2), 16))
+            except OSError:
+                slots = None
         finally:
             os.close(fd)
-        slots = _parse_stats(data, int(match.group(1)))
         if slots is None:
             result.malformed += 1
         else:
             result.extend(slots)
     return result
-

@@ -3,8 +3,10 @@
  *
  *   tuner_bench PLUGIN.so [RUNS [CALLS]]
  *
- * Writes a live policy (a listed communicator, activation in the past, four
- * rules over AllReduce/AllGather/ReduceScatter), dlopens the plugin, resolves
+ * Writes a policy (a listed communicator, activation in the past, four
+ * rules over AllReduce/AllGather/ReduceScatter), makes a stand-in NCCL 2.32
+ * visible (libnccl-fake.so beside the plugin, so channel caps are applied as
+ * on a release that takes them), dlopens the plugin, resolves
  * ncclTunerPlugin_v5 and calls getCollInfo CALLS times per run over a cycle of
  * eight realistic (collective, size) pairs with a 7x3 cost table. Each
  * iteration restores the table (84-byte memcpy) and *nChannels first; that
@@ -22,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hz_shm.h"
@@ -60,7 +63,6 @@ static int write_policy(const char* dir, const char* job) {
   hz_st16(img + HZP_OFF_VERSION, HZP_VERSION);
   hz_st16(img + HZP_OFF_HEADER_SIZE, HZP_HEADER_SIZE);
   hz_st64(img + HZP_OFF_SEQ, 2);
-  hz_st64(img + HZP_OFF_STALE_AFTER, 600ull * 1000000000ull);
   hz_st32(img + HZP_OFF_POLICY_ID, 7);
   hz_st16(img + HZP_OFF_N_COMMS, 2);
   hz_st16(img + HZP_OFF_N_RULESETS, 2);
@@ -69,11 +71,13 @@ static int write_policy(const char* dir, const char* job) {
   hz_st64(e + HZP_COMM_OFF_ID, 0x1111);
   hz_st16(e + HZP_COMM_OFF_BEFORE, HZP_NO_SET);
   hz_st16(e + HZP_COMM_OFF_AFTER, 1);
+  hz_st32(e + HZP_COMM_OFF_REVISION, 1);
   e += HZP_COMM_SIZE;
   hz_st64(e + HZP_COMM_OFF_ID, COMM_ID);
-  hz_st64(e + HZP_COMM_OFF_ACTIVATE_AT, 0);
+  hz_st64(e + HZP_COMM_OFF_AT, 0);
   hz_st16(e + HZP_COMM_OFF_BEFORE, 1);
   hz_st16(e + HZP_COMM_OFF_AFTER, 0);
+  hz_st32(e + HZP_COMM_OFF_REVISION, 1);
 
   uint8_t* set = img + HZP_OFF_SETS;
   hz_st32(set, 4);
@@ -91,11 +95,10 @@ static int write_policy(const char* dir, const char* job) {
   hz_st32(set1, 1);
   put_rule(set1, 0, 0, 8, 0, UINT64_MAX, large, 1);
   hz_st32(img + HZP_OFF_CHECKSUM, hz_policy_checksum(img));
-  hz_st64(img + HZP_OFF_HEARTBEAT, now_ns());
 
   char tmp[4096], path[4096];
-  snprintf(tmp, sizeof tmp, "%s/.%s.policy.tmp", dir, job);
-  snprintf(path, sizeof path, "%s/%s.policy", dir, job);
+  snprintf(tmp, sizeof tmp, "%s/%s/.policy.tmp", dir, job);
+  snprintf(path, sizeof path, "%s/%s/policy", dir, job);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
   ssize_t w = write(fd, img, sizeof img);
@@ -126,14 +129,27 @@ int main(int argc, char** argv) {
   const char* job = "bench-job";
   setenv("HARMONAIZE_JOB", job, 1);
   setenv("HARMONAIZE_TUNER_DIR", dir, 1);
+  setenv("HZ_FAKE_NCCL_VERSION", "23203", 1);
   int rc = 1;
-  char policy[4096];
-  snprintf(policy, sizeof policy, "%s/%s.policy", dir, job);
+  char policy[4200], jobdir[4096], fake[4096];
+  snprintf(jobdir, sizeof jobdir, "%s/%s", dir, job);
+  snprintf(policy, sizeof policy, "%s/policy", jobdir);
+  snprintf(fake, sizeof fake, "%s", argv[1]);
+  char* slash = strrchr(fake, '/');
+  snprintf(slash != NULL ? slash + 1 : fake, sizeof fake - (size_t)(slash != NULL ? slash + 1 - fake : 0),
+           "libnccl-fake.so");
+  void* nccl = NULL;
   void* lib = NULL;
   void* ctx = NULL;
   const hz_tuner_v5_t* tuner = NULL;
-  if (write_policy(dir, job) != 0) {
+  if (mkdir(jobdir, 0755) != 0 || write_policy(dir, job) != 0) {
     perror("write policy");
+    goto out;
+  }
+  /* As NCCL itself would be: in the global scope, answering ncclGetVersion. */
+  nccl = dlopen(fake, RTLD_NOW | RTLD_GLOBAL);
+  if (nccl == NULL) {
+    fprintf(stderr, "dlopen %s: %s\n", fake, dlerror());
     goto out;
   }
   lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -220,7 +236,7 @@ int main(int argc, char** argv) {
     per_run[r] = (double)(t1 - t0) / (double)calls;
     restore[r] = (double)(t2 - t1) / (double)calls;
   }
-  /* The policy must still have been live at the end (not stale, not dropped). */
+  /* The policy must still be followed at the end. */
   memcpy(table, base, sizeof table);
   nch = 0;
   tuner->getCollInfo(ctx, cases[0].coll, cases[0].bytes, 1, (float**)table, NUM_ALGO, NUM_PROTO,
@@ -241,7 +257,9 @@ int main(int argc, char** argv) {
 out:
   if (tuner != NULL && ctx != NULL) tuner->finalize(ctx);
   if (lib != NULL) dlclose(lib);
+  if (nccl != NULL) dlclose(nccl);
   unlink(policy);
+  rmdir(jobdir);
   rmdir(dir);
   return rc;
 }

@@ -1,78 +1,72 @@
 """A stand-in for one NCCL rank: the real tuner plugin, driven as NCCL drives it.
 
-    nccl_rank.py LIBRARY COMM_ID N_RANKS N_NODES RATE OUT
+    nccl_rank.py LIBRARY COMM_ID N_RANKS N_NODES RATE OUT [--abi N] [--nccl VERSION]
+                 [--limit N]
 
-Loads the plugin, initialises a v5 context for communicator COMM_ID (NCCL's
-commId, the same on every rank) and issues RATE allreduces of 4 MiB per
-second until SIGTERM, each through getCollInfo with a cost table as NCCL
-builds it (Tree and Ring enabled with LL, LL128 and Simple; Ring/LL cheapest,
-so that is NCCL's own choice). Each time the outcome changes it appends
-"INDEX ALGO PROTO CHANNELS" to OUT: the collective index from which the
-plugin's answer (the cheapest enabled entry after it ran, and nChannels)
-was different. The environment names the job (HARMONAIZE_JOB) and the policy
-directory (HARMONAIZE_TUNER_DIR), as a launcher would.
+Loads the plugin, initialises a context for communicator COMM_ID (NCCL's
+commId, the same on every rank) through ABI version N (default 5) and issues
+RATE allreduces of 4 MiB per second until SIGTERM (or LIMIT collectives),
+each through getCollInfo with a cost table as NCCL builds it (Tree and Ring
+with LL, LL128 and Simple; Ring/LL cheapest, so that is NCCL's own choice).
+Each time the outcome changes it appends "INDEX ALGO PROTO CHANNELS" to OUT:
+the collective index from which the plugin's answer (the cheapest enabled
+entry after it ran, and nChannels) was different. ``--nccl`` makes a
+stand-in NCCL of that version visible first (channel caps apply from 2.31).
+The environment names the job (HARMONAIZE_JOB) and the policy directory
+(HARMONAIZE_TUNER_DIR), as a launcher would.
+
+A rank that reaches a switching point not yet confirmed waits inside the
+plugin, as a real rank would; SIGTERM then takes effect once it resumes.
 """
 
 from __future__ import annotations
 
-import ctypes
+import argparse
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64,
-                        ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
-                        ctypes.c_void_p)
-COLLINFO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
-                            ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                            ctypes.c_int, ctypes.POINTER(ctypes.c_int))
-FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-
-class TunerV5(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("init", INIT), ("getCollInfo", COLLINFO),
-                ("finalize", FINALIZE)]
-
-
-ALLREDUCE = 4
-NBYTES = 4 << 20
-ALGOS = ("tree", "ring", "collnet-direct", "collnet-chain", "nvls", "nvls-tree", "pat")
-PROTOS = ("ll", "ll128", "simple")
-TABLE = [[18.5, 22.0, 41.0], [15.0, 19.5, 38.0], *([[-1.0] * 3] * 5)]
+from harmonaize.testbed.plugin import Rank, load_fake_nccl
 
 
 def main() -> int:
-    library, comm, ranks, nodes, rate, out = sys.argv[1:7]
-    tuner = TunerV5.in_dll(ctypes.CDLL(library), "ncclTunerPlugin_v5")
-    context = ctypes.c_void_p()
-    if tuner.init(ctypes.byref(context), int(comm, 0), int(ranks), int(nodes), None, None,
-                  None) != 0:
-        return 1
+    parser = argparse.ArgumentParser()
+    for name in ("library", "comm", "ranks", "nodes", "rate", "out"):
+        parser.add_argument(name)
+    parser.add_argument("--abi", type=int, default=5)
+    parser.add_argument("--nccl", type=int, default=None)
+    parser.add_argument("--limit", type=int, default=0)
+    args = parser.parse_args()
+    if args.nccl is not None:
+        load_fake_nccl(args.nccl)
+    rank = Rank(int(args.comm, 0), int(args.ranks), int(args.nodes),
+                job=os.environ.get("HARMONAIZE_JOB"),
+                directory=os.environ.get("HARMONAIZE_TUNER_DIR"), abi=args.abi,
+                library=args.library)
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    period = 1.0 / float(rate)
-    flat = [v for row in TABLE for v in row]
+    period = 1.0 / float(args.rate)
     last = None
     n = 0
     deadline = time.monotonic()
-    with open(out, "a", buffering=1) as log:
-        while not stop:
-            array = (ctypes.c_float * len(flat))(*flat)
-            channels = ctypes.c_int(0)
-            rc = tuner.getCollInfo(context, ALLREDUCE, NBYTES, 1, ctypes.cast(array,
-                                   ctypes.c_void_p), 7, 3, 0, ctypes.byref(channels))
-            if rc != 0:
-                log.write(f"{n} error {rc}\n")
-                return 1
-            best = min((v, i) for i, v in enumerate(array) if v >= 0)[1]
-            outcome = (ALGOS[best // 3], PROTOS[best % 3], channels.value)
+    with open(args.out, "a", buffering=1) as log:
+        while not stop and (not args.limit or n < args.limit):
+            outcome = rank.call()
             if outcome != last:
-                log.write(f"{n} {outcome[0]} {outcome[1]} {outcome[2]}\n")
+                log.write(f"{n} {outcome}\n")
                 last = outcome
             n += 1
             deadline += period
-            time.sleep(max(0.0, deadline - time.monotonic()))
-    tuner.finalize(context)
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            elif delay < -1.0:
+                deadline = time.monotonic()  # it waited in the plugin: no burst after
+    rank.close()
     return 0
 
 
