@@ -50,7 +50,8 @@ def gate(lab: Lab, rate: str) -> None:
 
 
 def policy_choice(path: Path) -> int | None:
-    """The ruleset the communicator follows after its activation point (None: NCCL's)."""
+    """The ruleset the communicator follows after its switching point (None: NCCL's),
+    armed or confirmed (for one host both are written in the same pass)."""
     from agent.tuning.shm import read_policy  # noqa: PLC0415
 
     try:
@@ -91,14 +92,16 @@ def main() -> int:
         env = {**os.environ, "HARMONAIZE_JOB": JOB, "HARMONAIZE_TUNER_DIR": str(tuner)}
         lab.popen("a", [sys.executable, str(ROOT / "tests" / "bin" / "nccl_rank.py"),
                         str(ROOT / "native" / "build" / "libnccl-tuner-harmonaize.so"),
-                        hex(COMM), "8", "1", "1000", str(work / "rank.log")], env=env)
+                        hex(COMM), "1", "1", "1000", str(work / "rank.log")], env=env)
         wait_until(lambda: request(sock, "policy", {"job": JOB})["communicators"], timeout=60)
         gate(lab, "8kbit")
         lab.popen("a", ["iperf3", "-s", "-p", "5301"], log=work / "iperf-server.log")
         time.sleep(0.3)
         lab.popen("b", ["iperf3", "-c", lab.addr("a"), "-p", "5301", "-u", "-b", "200M",
                         "-t", "3600", "-l", "1400"], log=work / "iperf-client.log")
-        path = tuner / f"{JOB}.policy"
+        from agent.tuning.shm import policy_path  # noqa: PLC0415
+
+        path = policy_path(tuner, JOB)
         intervals = []
         for _ in range(args.rounds):
             wait_until(lambda: policy_choice(path) is None, timeout=60)

@@ -42,10 +42,10 @@ Pure: time is a parameter and nothing here does I/O; the controller stores
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 from harmonaize.messages import (
     AckPhase,
@@ -58,6 +58,7 @@ from harmonaize.messages import (
     TuningResolve,
     TuningStatus,
 )
+from harmonaize.schema import Num
 from harmonaize.switches import Record, disagreement
 
 DEFAULT_CHOICE = "default"
@@ -70,19 +71,24 @@ MAX_BACKOFF = 30.0
 
 @dataclass(frozen=True)
 class AgreementSettings:
+    """The ``[tuning]`` section of the controller's configuration."""
+
+    STRICT_KEYS: ClassVar[bool] = True
     #: Seconds a less severe wish must last before the choice steps down.
-    hold: float = 10.0
-    max_decisions_per_minute: int = 4
-    #: Seconds of collectives, at the fastest reported rate, between arming and ``at``.
-    lead: float = 2.0
+    hold: Annotated[float, Num(0.0, 3600.0)] = 10.0
+    max_decisions_per_minute: Annotated[int, Num(1, 600)] = 4
+    #: Seconds of collectives, at the fastest reported rate, between arming and ``at``
+    #: (how long the slowest host may take to arm and hear the outcome before its
+    #: ranks pause at ``at``).
+    lead: Annotated[float, Num(0.0, 600.0)] = 2.0
     #: ... and at least this many collectives.
-    margin: int = 100
+    margin: Annotated[int, Num(1, 1_000_000)] = 100
     #: A host's report older than this no longer counts (the host went quiet).
-    report_ttl: float = 10.0
+    report_ttl: Annotated[float, Num(0.5, 3600.0)] = 10.0
     #: Seconds to wait for every host's arm acknowledgement before cancelling.
-    arm_timeout: float = 1.0
+    arm_timeout: Annotated[float, Num(0.05, 600.0)] = 1.0
     #: Seconds between resends of an arm or resolve a host has not acknowledged.
-    resend: float = 0.5
+    resend: Annotated[float, Num(0.05, 600.0)] = 0.5
 
 
 @dataclass
@@ -137,8 +143,10 @@ class Agreement:
     def __init__(self, settings: AgreementSettings | None = None) -> None:
         self.settings = settings or AgreementSettings()
         self._jobs: dict[str, _Job] = {}
-        #: Jobs whose durable state changed since :meth:`take_dirty`.
+        #: Jobs forgotten since :meth:`take_dirty` (their stored state goes).
         self._gone: set[str] = set()
+        #: Changes armed, confirmed and cancelled (for metrics).
+        self.counters: Counter[str] = Counter()
 
     def _job(self, name: str) -> _Job:
         job = self._jobs.get(name)
@@ -286,17 +294,27 @@ class Agreement:
                     times.append(decision.armed_at + self.settings.arm_timeout)
         return min(times, default=None)
 
-    def health(self, name: str) -> tuple[str, TuningStatus]:
-        """What the job's tenant may know: the choice in force and whether ranks agree."""
+    def health(self, name: str, now: float) -> tuple[str, TuningStatus]:
+        """What the job's tenant may know: the choice in force and whether ranks agree.
+
+        ``paused`` when a host reports waiting ranks, and also when a change has been in
+        flight for longer than its lead with a host silent: that host's ranks have
+        reached the switching point by then and wait, though it cannot say so.
+        """
         job = self._jobs.get(name)
         if job is None:
             return DEFAULT_CHOICE, TuningStatus.STEADY
         if job.diverged:
             return job.choice, TuningStatus.DIVERGED
         waiting = any(c.waiting for r in job.reports.values() for c in r.report.comms)
+        decision = job.decision
+        if decision is not None and now - decision.armed_at >= self.settings.lead:
+            wanted = None if decision.commit is None else AckPhase.RESOLVED
+            waiting = waiting or any(decision.acks.get(h) is None or (
+                wanted is not None and decision.acks[h] is not wanted) for h in decision.hosts)
         return job.choice, TuningStatus.PAUSED if waiting else TuningStatus.STEADY
 
-    def status(self, name: str) -> dict[str, Any]:
+    def status(self, name: str, now: float) -> dict[str, Any]:
         job = self._jobs.get(name)
         if job is None:
             return {}
@@ -315,7 +333,7 @@ class Agreement:
                 "reason": decision.reason,
                 "activations": [[f"{a.comm:#x}", a.at] for a in decision.activations]},
             "waiting": job.waiting,
-            "health": self.health(name)[1].value,
+            "health": self.health(name, now)[1].value,
             "diverged": {f"{c:#x}": why for c, why in sorted(job.diverged.items())},
             "committed": {f"{c:#x}": {"choice": ch, "at": at}
                           for c, (ch, at) in sorted(job.committed.items())},
@@ -468,6 +486,7 @@ class Agreement:
             job.severity = target[0]
         job.number += 1
         job.decision = _Decision(job.number, goal, tuple(change[:MAX_ACTIVATIONS]), hosts, now)
+        self.counters["armed"] += 1
         job.waiting = why
         job.dirty = True
         job.lower_since = None
@@ -503,6 +522,7 @@ class Agreement:
                     why = self._unaccounted(decision)
                 decision.commit = not why
                 decision.reason = why
+                self.counters["confirmed" if decision.commit else "cancelled"] += 1
                 decision.acks = {}
                 decision.sent = {}
                 job.dirty = True

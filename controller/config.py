@@ -7,6 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, ClassVar
 
+from controller.agreement import AgreementSettings
 from controller.redaction import RedactionConfig
 from harmonaize import config
 from harmonaize.config import AbsPath, Endpoint, LogLevel
@@ -75,6 +76,8 @@ class ControllerConfig:
     redaction: RedactionConfig = field(default_factory=RedactionConfig)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    #: Multi-host tuning: how the controller agrees changes with a job's hosts.
+    tuning: AgreementSettings = field(default_factory=AgreementSettings)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

@@ -8,9 +8,12 @@ reach however the endpoint is exposed).
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from harmonaize import __version__
+from harmonaize.messages import TuningStatus
 from harmonaize.metrics import Family, counter, gauge
 
 if TYPE_CHECKING:
@@ -42,6 +45,18 @@ def collect(server: ControllerServer) -> list[Family]:
                        "Agent protocol outcomes (accepted, duplicate, hello, ...).")
     for outcome, count in sorted(server.cluster.counters.items()):
         protocol.add(count, outcome=outcome)
+    now = time.monotonic()
+    states = Counter(server.agreement.health(job, now)[1].value
+                     for job in server.redactor.placements)
+    tuning = gauge(f"{P}_tuning_jobs",
+                   "Placed jobs by how their ranks' retuning stands: steady, paused (ranks wait "
+                   "at a switching point), diverged (ranks answered differently).")
+    for state in TuningStatus:
+        tuning.add(states.get(state.value, 0), state=state.value)
+    changes = counter(f"{P}_tuning_changes_total",
+                      "Multi-host tuning changes, by outcome (armed, confirmed, cancelled).")
+    for outcome in ("armed", "confirmed", "cancelled"):
+        changes.add(server.agreement.counters.get(outcome, 0), outcome=outcome)
     families = [
         gauge(f"{P}_info", "Version of this controller (always 1).").add(1, version=__version__),
         gauge(f"{P}_start_time_seconds", "When the controller started, in Unix time.").add(
@@ -58,6 +73,8 @@ def collect(server: ControllerServer) -> list[Family]:
             len(server.feed_seqs)),
         gauge(f"{P}_jobs_placed", "Jobs with a placement from the scheduler.").add(
             len(server.redactor.placements)),
+        tuning,
+        changes,
     ]
     for key, (name, help_text) in FEED_COUNTERS.items():
         families.append(counter(f"{P}_{name}", help_text).add(server.feed_stats.get(key, 0)))

@@ -114,7 +114,7 @@ class ControllerServer:
         self.cluster.restore(self.store.load_hosts(), time.monotonic())
         self.redactor = Redactor(cfg.redaction, random.Random())
         #: Multi-host jobs' tuning: two-phase changes every host applies alike.
-        self.agreement = Agreement()
+        self.agreement = Agreement(cfg.tuning)
         now = time.monotonic()
         for job, state in self.store.load_tuning().items():
             try:
@@ -131,6 +131,8 @@ class ControllerServer:
         #: Publications committed with the next batch, then sent: (topic, seq, condition, frame).
         self._feed_log: list[tuple[str, int, bool, bytes]] = []
         self._outgoing: list[tuple[str, bytes]] = []
+        #: Arms and outcomes for agents, sent after the batch's replies.
+        self._tuning_out: list[tuple[str, Message]] = []
         #: Each topic's newest condition (seq, frame): for late joiners and republication.
         self.latest = self.store.latest_conditions()
         self.hub = FeedHub(renew=cfg.feed.renew)
@@ -264,6 +266,7 @@ class ControllerServer:
             self._commit()
             for reply in replies:
                 self._send(reply.conn, reply.body)
+            self._send_tuning()
             self._send_feed()
 
     def _frame(self, frames: list[zmq.Frame], now: float) -> list[Any]:
@@ -369,19 +372,26 @@ class ControllerServer:
         if dirty or gone:
             self.store.save_tuning({**{job: self.agreement.snapshot(job) for job in dirty},
                                     **dict.fromkeys(gone)})
+        # Sent after this batch's replies: a host saying hello gets the declarations
+        # of its jobs before any arm or outcome for them.
+        self._tuning_out += outgoing
+        for job in sorted(self.redactor.placements):
+            choice, status = self.agreement.health(job, now)
+            if self.redactor.tuning(job, choice, status):
+                self.cluster.changed = True
+                if status is not TuningStatus.STEADY:
+                    log.warning("job %s: tuning %s: %s", job, status.value,
+                                self.agreement.status(job, now).get("diverged")
+                                or "ranks wait at a switching point")
+
+    def _send_tuning(self) -> None:
+        outgoing, self._tuning_out = self._tuning_out, []
         for host_id, body in outgoing:
             log.info("job %s: %s decision %d to host %s", body.job, body.KIND,  # type: ignore[attr-defined]
                      body.decision, host_id)  # type: ignore[attr-defined]
             conn = self.cluster.conn_of.get(host_id)
             if conn is not None:
                 self._send(conn, body)
-        for job in sorted(self.redactor.placements):
-            choice, status = self.agreement.health(job)
-            if self.redactor.tuning(job, choice, status):
-                self.cluster.changed = True
-                if status is not TuningStatus.STEADY:
-                    log.warning("job %s: tuning %s: %s", job, status.value,
-                                self.agreement.status(job).get("diverged") or "ranks wait")
 
     def _publish_changes(self) -> None:
         """Feed the redactor what changed; stage whatever it lets out now."""
@@ -403,6 +413,7 @@ class ControllerServer:
     def _flush_publications(self) -> None:
         self._publish_changes()
         self._commit()
+        self._send_tuning()
         self._send_feed()
 
     def _republish(self) -> None:
@@ -475,6 +486,7 @@ class ControllerServer:
                 log.warning("host %s is down: %s", host_id, self.cluster.hosts[host_id].down_reason)
             self._publish_changes()  # also what the redactor held back until now
             self._commit()
+            self._send_tuning()
             self._send_feed()
             for sub in self.hub.expire(now):
                 self.feed_stats["lapsed"] += 1
@@ -668,7 +680,7 @@ class ControllerServer:
 
     def _cmd_jobs(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**to_plain(p), "declared": job in self.declarations,
-                 "tuning": self.agreement.status(job)}
+                 "tuning": self.agreement.status(job, time.monotonic())}
                 for job, p in sorted(self.redactor.placements.items())]
 
     def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:

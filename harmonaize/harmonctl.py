@@ -375,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     declare = sub.add_parser("declare", parents=[common],
                              help="set a job's declaration on this host from a JSON file")
     declare.add_argument("file", type=argparse.FileType("r"))
+    declare.add_argument("--group", default=None,
+                         help="Unix group (name or number) of the job's processes here: only "
+                         "its members may read and follow the job's tuner policy")
     sub.add_parser("undrain", parents=[common], help="return this host to capacity")
     sub.add_parser("reload", parents=[common], help="make the agent re-read its configuration")
     sub.add_parser("hosts", parents=[common], help="(controller) every known host")
@@ -437,7 +440,10 @@ def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.command == "release":
         return {"gpu": ns.gpu, "force": ns.force}
     if ns.command == "declare":
-        return {"declaration": _json_file(ns.file)}
+        declaration = _json_file(ns.file)
+        if ns.group is not None and isinstance(declaration, dict):
+            declaration = {**declaration, "group": ns.group}
+        return {"declaration": declaration}
     if ns.command == "place":
         placement = _json_file(ns.file)
         if not isinstance(placement, dict):

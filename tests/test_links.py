@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import itertools
 import json
 import signal
@@ -12,11 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from bcc import BPF
-from pyroute2 import NetNS
-from pyroute2.netlink.exceptions import NetlinkError
 
 from agent.net.sysfs import DevCounters, parse_proc_net_dev
+from harmonaize.testbed.dropper import Dropper
 from harmonaize.testbed.netns import Lab
 from tests.conftest import needs_root, python
 from tests.daemons import Agent, start_agent, wait_until
@@ -134,23 +130,9 @@ def test_two_tos_values_are_counted_in_two_classes(spawn, workdir: Path, lab: La
 
 
 def attach_dropper(lab: Lab, permille: int, host: str = "a",
-                   direction: str = "egress") -> BPF:
-    """Load the test-only dropping program on a host's eth0 (the lab removes it with
-    the namespace). It sits behind the agent's filter (prio 100)."""
-    bpf = BPF(src_file=str(Path(__file__).parent / "bpf" / "drop.c").encode())
-    fn = bpf.load_func(b"test_drop", BPF.SCHED_CLS)
-    bpf[b"test_drop_permille"][ctypes.c_int(0)] = ctypes.c_uint32(permille)
-    ns = NetNS(lab.ns(host))
-    try:
-        index = ns.link_lookup(ifname="eth0")[0]
-        with contextlib.suppress(NetlinkError):  # the agent's clsact may be there
-            ns.tc("add", "clsact", index)
-        parent = "ffff:fff3" if direction == "egress" else "ffff:fff2"
-        ns.tc("add-filter", "bpf", index, ":1", fd=fn.fd, name=fn.name, parent=parent,
-              classid=1, direct_action=True, prio=100)
-    finally:
-        ns.close()
-    return bpf
+                   direction: str = "egress") -> Dropper:
+    """The test-only dropping program on a host's eth0, behind the agent's filter."""
+    return Dropper(lab, host, direction, permille)
 
 
 def test_drops_and_retransmissions_are_reported(spawn, workdir: Path, lab: Lab) -> None:

@@ -128,9 +128,13 @@ def test_units_agree_with_the_code() -> None:
     assert controller["Group"] == [ccfg.controller.admin_group] == controller["User"]
     sysusers = (UNITS / "harmonaize.sysusers").read_text()
     assert re.search(rf"^u {controller['User'][0]} ", sysusers, re.M)
-    # What bcc, tc and the job lookup need, and nothing more; the controller needs nothing.
+    # What bcc, tc, the job lookup and the jobs' tuner directories need, and nothing
+    # more; the controller needs nothing.
     assert set(agent["CapabilityBoundingSet"][0].split()) == {
-        "CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
+        "CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH",
+        "CAP_CHOWN"}
+    # Policies outlive the agent: the next one adopts them.
+    assert agent["RuntimeDirectoryPreserve"] == ["yes"]
     assert controller["CapabilityBoundingSet"] == [""]
     assert agent["WatchdogSec"] and "WatchdogSec" not in controller  # only the agent pings
 

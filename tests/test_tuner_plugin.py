@@ -790,6 +790,21 @@ def test_stats_of_a_dead_process_are_dropped(lib, tuner_dir):
     assert not [p for p in job_dir(tuner_dir, JOB).iterdir() if p.suffix == ".stats"]
 
 
+def test_a_removed_stats_file_is_made_again(lib, tuner_dir):
+    """Someone removed the counters (a wiped runtime directory): the rank makes a new
+    file at its next recheck, with its whole record, so the agent sees it again."""
+    publish(tuner_dir, listed(COMM, None, 0, 3, TREE_SIMPLE, revision=2))
+    with opened(lib, 5, tuner_dir) as ctx:
+        ctx.calls(10)
+        for path in job_dir(tuner_dir, JOB).glob("*.stats"):
+            path.unlink()
+        assert read_stats(tuner_dir, JOB) == []
+        ctx.calls(1024 - ctx.n + 1)
+        [slot] = read_stats(tuner_dir, JOB)
+        assert (slot.collectives, slot.revision, slot.switches, slot.last_switch) == (
+            1025, 2, 1, 3)
+
+
 def test_read_stats_skips_malformed_files(tuner_dir):
     folder = job_dir(tuner_dir, JOB)
     for name, data in [("1-0000000000000001.stats", b"short"),
@@ -876,7 +891,7 @@ def test_directories_and_modes(workdir):
     assert stat.S_IMODE(directory.stat().st_mode) == 0o711
     folder = prepare_job_dir(directory, JOB, 4321)
     info = folder.stat()
-    assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o3770, 0, 4321)
+    assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o1770, 0, 4321)
     with PolicyFile(policy_path(directory, JOB)) as handle:
         handle.write(listed(COMM, None, 0, 0, TREE_SIMPLE))
     info = policy_path(directory, JOB).stat()

@@ -86,12 +86,12 @@ def test_a_change_is_armed_everywhere_then_confirmed_alike() -> None:
     resolves = {m for _, m in out}
     assert sorted(kinds(out)) == [("h1", "tuning-resolve"), ("h2", "tuning-resolve")]
     assert resolves == {TuningResolve(JOB, 1, True, arm.activations)}
-    assert a.health(JOB) == ("default", TuningStatus.STEADY)  # not yet everywhere
+    assert a.health(JOB, 0.0) == ("default", TuningStatus.STEADY)  # not yet everywhere
     ack(a, "h1", 1, AckPhase.RESOLVED, now=1.3)
     ack(a, "h2", 1, AckPhase.RESOLVED, now=1.3)
     assert a.step(1.3) == []
-    assert a.health(JOB)[0] == "severe"
-    assert a.status(JOB)["phase"] == "idle"
+    assert a.health(JOB, 0.0)[0] == "severe"
+    assert a.status(JOB, 0.0)["phase"] == "idle"
 
 
 def test_a_refusal_cancels_on_every_host() -> None:
@@ -102,7 +102,7 @@ def test_a_refusal_cancels_on_every_host() -> None:
     out = a.step(1.1)
     assert sorted(h for h, _ in out) == ["h1", "h2"]
     assert {m for _, m in out} == {TuningResolve(JOB, 1, False, arm.activations)}
-    assert "refused" in a.status(JOB)["in_flight"]["reason"]
+    assert "refused" in a.status(JOB, 0.0)["in_flight"]["reason"]
 
 
 def test_a_silent_host_is_cancelled_and_still_told() -> None:
@@ -121,7 +121,7 @@ def test_a_silent_host_is_cancelled_and_still_told() -> None:
     assert kinds(a.step(2.8)) == [("h2", "tuning-resolve")]
     ack(a, "h2", 1, AckPhase.RESOLVED, now=2.9)
     a.step(2.9)
-    assert a.status(JOB)["phase"] == "idle" and a.health(JOB)[0] == "default"
+    assert a.status(JOB, 2.9)["phase"] == "idle" and a.health(JOB, 2.9)[0] == "default"
     # After a cancellation the next arm waits a back-off.
     a.report("h1", report(2, comm(1400)), 3.0)
     a.report("h2", report(0, comm(1600)), 3.0)
@@ -129,12 +129,26 @@ def test_a_silent_host_is_cancelled_and_still_told() -> None:
     assert kinds(a.step(4.0)) == [("h1", "tuning-arm"), ("h2", "tuning-arm")]
 
 
+def test_a_silent_host_past_the_lead_reads_as_paused() -> None:
+    a = agreement(lead=1.0)
+    congested_two_hosts(a)
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.1)
+    assert a.health(JOB, 1.5)[1] is TuningStatus.STEADY
+    a.step(2.0)  # cancelled: h2 never answered; h1 resolves, h2 is cut off
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=2.1)
+    # h2 may have armed: its ranks wait at the switching point by now.
+    assert a.health(JOB, 2.2)[1] is TuningStatus.PAUSED
+    ack(a, "h2", 1, AckPhase.RESOLVED, now=5.0)
+    a.step(5.0)
+    assert a.health(JOB, 5.0)[1] is TuningStatus.STEADY
+
+
 def test_every_rank_must_be_accounted_for() -> None:
     a = agreement()
     a.report("h1", report(2, comm(1000, ranks=2)), 1.0)
     a.report("h2", report(0, comm(1000, ranks=1)), 1.0)  # one of h2's ranks unseen
     assert a.step(1.0) == []
-    assert "3 of its 4 ranks reported" in a.status(JOB)["waiting"]
+    assert "3 of its 4 ranks reported" in a.status(JOB, 0.0)["waiting"]
     a.report("h2", report(0, comm(1010, ranks=2)), 1.1)
     arm = arm_of(a.step(1.1))
     # At commit the hosts' own counts decide: one host armed fewer ranks than before.
@@ -142,14 +156,14 @@ def test_every_rank_must_be_accounted_for() -> None:
     ack(a, "h2", arm.decision, AckPhase.ARMED, comm(1020, ranks=1), now=1.2)
     out = a.step(1.2)
     assert out and not any(m.commit for _, m in out)  # type: ignore[attr-defined]
-    assert "3 of its 4 ranks armed" in a.status(JOB)["in_flight"]["reason"]
+    assert "3 of its 4 ranks armed" in a.status(JOB, 0.0)["in_flight"]["reason"]
 
 
 def test_every_placed_host_must_report() -> None:
     a = agreement()
     a.report("h1", report(2, comm(1000, ranks=4)), 1.0)
     assert a.step(1.0) == []
-    assert a.status(JOB)["waiting"] == "no recent report from host h2"
+    assert a.status(JOB, 0.0)["waiting"] == "no recent report from host h2"
 
 
 def test_activation_projects_each_report_to_now() -> None:
@@ -182,7 +196,7 @@ def test_a_fall_waits_for_the_hold_and_for_every_host_to_pass() -> None:
     a.report("h2", report(0, comm(at - 50, choice="severe", at=at)), 2.0)
     assert a.step(2.0) == []
     assert a.step(7.5) == []
-    assert "has not passed the switch" in a.status(JOB)["waiting"]
+    assert "has not passed the switch" in a.status(JOB, 0.0)["waiting"]
     a.report("h2", report(0, comm(at + 1, choice="severe", at=at)), 7.6)
     down = arm_of(a.step(7.6))
     assert down.choice == "default" and down.decision == 2
@@ -202,7 +216,7 @@ def test_a_rise_is_at_once_and_changes_are_rate_limited() -> None:
             decided.append(arm.choice)
             commit(a, arm, now, at=position)
             current, at = arm.choice, arm.activations[0].at
-        waits.append(a.status(JOB)["waiting"])
+        waits.append(a.status(JOB, 0.0)["waiting"])
         now += 10.0
     assert decided == ["severe", "default"]  # the third change waits for the minute
     assert "changes in the last minute" in waits[2]
@@ -213,8 +227,8 @@ def test_no_change_while_a_rank_waits_or_refused() -> None:
     a.report("h1", report(2, comm(1000, waiting=1)), 1.0)
     a.report("h2", report(0, comm(1000)), 1.0)
     assert a.step(1.0) == []
-    assert "wait" in a.status(JOB)["waiting"]
-    assert a.health(JOB)[1] is TuningStatus.PAUSED
+    assert "wait" in a.status(JOB, 0.0)["waiting"]
+    assert a.health(JOB, 0.0)[1] is TuningStatus.PAUSED
 
 
 def test_hosts_that_derived_other_rules_are_not_switched() -> None:
@@ -222,7 +236,7 @@ def test_hosts_that_derived_other_rules_are_not_switched() -> None:
     a.report("h1", report(2, comm(1000), fingerprint="a"), 1.0)
     a.report("h2", report(0, comm(1000), fingerprint="b"), 1.0)
     assert a.step(1.0) == []
-    assert "different rules" in a.status(JOB)["waiting"]
+    assert "different rules" in a.status(JOB, 0.0)["waiting"]
 
 
 def test_only_the_jobs_hosts_count_and_stale_reports_expire() -> None:
@@ -243,14 +257,14 @@ def test_divergence_across_hosts_is_detected() -> None:
     a.report("h1", report(0, comm(900, switches=1, history=11, last=500)), 1.0)
     a.report("h2", report(0, comm(900, switches=0, history=0)), 1.0)
     a.step(1.0)
-    assert a.health(JOB)[1] is TuningStatus.DIVERGED
-    assert "passed collective 500" in a.status(JOB)["diverged"][f"{COMM:#x}"]
+    assert a.health(JOB, 0.0)[1] is TuningStatus.DIVERGED
+    assert "passed collective 500" in a.status(JOB, 0.0)["diverged"][f"{COMM:#x}"]
     # One host still before the change is no disagreement.
     b = agreement()
     b.report("h1", report(0, comm(900, switches=1, history=11, last=500)), 1.0)
     b.report("h2", report(0, comm(450, switches=0, history=0)), 1.0)
     b.step(1.0)
-    assert b.health(JOB)[1] is TuningStatus.STEADY
+    assert b.health(JOB, 0.0)[1] is TuningStatus.STEADY
 
 
 def test_state_survives_a_restart_and_an_arm_in_flight_is_cancelled() -> None:
@@ -303,7 +317,7 @@ def test_withdrawal_returns_every_host_to_nccl_then_forgets() -> None:
     a.report("h1", report(0, comm(at + 9, choice="default", at=down.activations[0].at)), 31.0)
     a.report("h2", report(0, comm(at + 9, choice="default", at=down.activations[0].at)), 31.0)
     a.step(31.0)
-    assert a.status(JOB) == {}
+    assert a.status(JOB, 0.0) == {}
     assert a.take_dirty()[1] == [JOB]
 
 

@@ -26,6 +26,7 @@ from agent.tuning.loop import (
     WritePolicy,
     build_policy,
     record_of,
+    resolved_policy,
     wire_comm,
 )
 from agent.tuning.policies import derive
@@ -590,3 +591,24 @@ def test_one_host_ranks_always_agree_and_rules_stay_declared(
     local = [c.time for c in host.job.history if c.kind == "local"]
     for t in local:
         assert len([u for u in local if t <= u < t + 60.0]) <= max_changes
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_an_outcome_heard_before_the_declaration_resolves_the_file(commit) -> None:
+    """A restarted agent may hear the outcome of its predecessor's arm before the
+    declaration comes again: the outcome needs no rules, only the file."""
+    host = multi_host()
+    arm(host)
+    message = TuningResolve(JOB, 1, commit, (Activation(wire_comm(COMM), 2000),))
+    resolved = resolved_policy(host.policy, message)
+    assert resolved is not None
+    entry = resolved.entry(COMM)
+    assert not entry.pending and entry.revision == host.entry().revision + 1
+    held = host.policy.view(COMM)
+    assert (resolved.view(COMM).after == held.after) is commit
+    for rank in host.ranks[COMM]:
+        rank.see(resolved.view(COMM))
+    host.advance(3000)
+    assert agree(host) and all(r.n == 3500 for r in host.ranks[COMM])
+    other = TuningResolve(JOB, 1, commit, (Activation(wire_comm(COMM), 1999),))
+    assert resolved_policy(host.policy, other) is None  # not this entry's switch

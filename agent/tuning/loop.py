@@ -184,6 +184,23 @@ def build_policy(entries: Iterable[Entry], policy_id: int) -> Policy:
     return Policy(policy_id, tuple(comms), tuple(sets))
 
 
+def resolved_policy(policy: Policy, message: TuningResolve) -> Policy | None:
+    """``policy`` with what ``message`` resolves confirmed or cancelled, without a
+    declaration (None if it resolves nothing in it). A restarted agent may hear the
+    outcome of a change its predecessor armed before it has the job's declaration
+    again; the outcome needs no rules: confirming clears ``pending``, cancelling
+    makes the rules after ``at`` those before it."""
+    points = {a.comm: a.at for a in message.activations}
+    comms, changed = [], False
+    for entry in policy.comms:
+        ours = entry.pending and points.get(wire_comm(entry.comm_id)) == entry.at
+        comms.append(dataclasses.replace(
+            entry, revision=entry.revision + 1, pending=False,
+            after=entry.after if message.commit else entry.before) if ours else entry)
+        changed = changed or ours
+    return Policy(policy.policy_id, tuple(comms), policy.rulesets) if changed else None
+
+
 # --- state ---------------------------------------------------------------------------
 
 

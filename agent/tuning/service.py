@@ -22,6 +22,7 @@ declaration claims within ``orphan_grace`` seconds of a start are removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import grp
 import logging
 import os
@@ -47,6 +48,7 @@ from agent.tuning.loop import (
     TuningLoop,
     WritePolicy,
     build_policy,
+    resolved_policy,
 )
 from agent.tuning.policies import CHOICE_NAMES, describe_rule
 from agent.tuning.shm import (
@@ -64,9 +66,11 @@ from agent.tuning.shm import (
     validate_job,
 )
 from harmonaize.messages import (
+    AckPhase,
     JobDeclaration,
     Message,
     Severity,
+    TuningAck,
     TuningArm,
     TuningResolve,
 )
@@ -226,7 +230,30 @@ class TuningService:
         self._run(self.loop.arm(message, now), now)
 
     def resolve(self, message: TuningResolve, now: float) -> None:
-        self._run(self.loop.resolve(message, now), now)
+        if message.job in self.loop.jobs:
+            self._run(self.loop.resolve(message, now), now)
+            return
+        # No declaration (yet): a restarted agent hears the outcome of what its
+        # predecessor armed before the declaration comes again. Its ranks may wait
+        # for it; resolve it in the file as it is, then say so.
+        reason = "no declaration for the job on this host"
+        try:
+            path = policy_path(self.dir, message.job)
+            policy = read_policy(path) if path.exists() else None
+            resolved = resolved_policy(policy, message) if policy is not None else None
+            if resolved is not None:
+                with PolicyFile(path) as handle:
+                    handle.write(dataclasses.replace(
+                        resolved, policy_id=resolved.policy_id % U32_MAX + 1))
+                reason = "resolved in the policy file before the declaration came"
+                log.info("job %s: decision %d %s in the policy file (no declaration yet)",
+                         message.job, message.decision,
+                         "confirmed" if message.commit else "cancelled")
+        except (OSError, ValueError) as exc:
+            # Not acknowledged: the controller resends it, and the declaration comes.
+            self._fail(f"job {message.job}: resolving decision {message.decision}: {exc}")
+            return
+        self.publish(TuningAck(message.job, message.decision, AckPhase.RESOLVED, reason))
 
     def _refresh(self, job: str, now: float) -> None:
         """Fresh records of one job's ranks, so the loop judges the present."""

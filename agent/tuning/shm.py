@@ -496,10 +496,11 @@ def prepare_dirs(directory: str | os.PathLike[str]) -> None:
 def prepare_job_dir(directory: str | os.PathLike[str], job: str, gid: int | None) -> Path:
     """A job's directory, reachable only by root and the job's group.
 
-    With a group: ``root:<gid>`` mode 3770. The job's ranks (any uid in the
-    group) create their stats files there, which take the group (setgid);
-    the sticky bit keeps them from removing or replacing the agent's files.
-    Without one: root only (0700); ranks of other users cannot be tuned.
+    With a group: ``root:<gid>`` mode 1770. The job's ranks (any uid in the
+    group) create their stats files there and give them the directory's
+    group (the plugin does; no setgid bit, which a hardened service may not
+    set); the sticky bit keeps them from removing or replacing the agent's
+    files. Without one: root only (0700); ranks of other users cannot be tuned.
     """
     path = job_dir(directory, job)
     try:
@@ -510,7 +511,7 @@ def prepare_job_dir(directory: str | os.PathLike[str], job: str, gid: int | None
             raise ValueError(f"{path} exists and is not a directory") from None
     if os.geteuid() == 0:
         os.chown(path, 0, 0 if gid is None else gid)
-    path.chmod(0o700 if gid is None else 0o3770)
+    path.chmod(0o700 if gid is None else 0o1770)
     return path
 
 

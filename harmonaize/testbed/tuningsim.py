@@ -295,6 +295,8 @@ class Host:
     restart_mode: str = ""
     #: Seconds a host killed right after arming stays dead.
     kill_delay: float = 1.0
+    #: After a restart, whether the declaration is handled before queued messages.
+    declare_first: bool = True
     inbox: list[Message] = field(default_factory=list)
 
 
@@ -559,6 +561,7 @@ class _Play:
         host.alive = True
         host.restart_at = None
         host.declared = False  # the controller sends it again on hello (or when it is due)
+        host.declare_first = self.rng.random() < 0.5
         if self.controller.agreement is not None:
             self.controller.agreement.reconnected(host.name)
 
@@ -567,16 +570,21 @@ class _Play:
         if service is None or not host.alive or now < host.stopped_until:
             return
         try:
-            if not host.declared and now >= host.declare_at:
+            due = not host.declared and now >= host.declare_at
+            if due and host.declare_first:
                 service.declare(DECLARATION, now)
                 host.declared = True
+            # The daemon hands every arm and outcome to the service, declared or not
+            # (after a restart, an outcome may come before the declaration does).
             inbox, host.inbox = host.inbox, []
-            if host.declared:
-                for message in inbox:
-                    if isinstance(message, TuningArm):
-                        service.arm(message, now)
-                    elif isinstance(message, TuningResolve):
-                        service.resolve(message, now)
+            for message in inbox:
+                if isinstance(message, TuningArm):
+                    service.arm(message, now)
+                elif isinstance(message, TuningResolve):
+                    service.resolve(message, now)
+            if due and not host.declared:
+                service.declare(DECLARATION, now)
+                host.declared = True
             if tick:
                 level = _congestion(self.schedule, host.index, now)
                 service.step({"links": link_sample(level)}, now)

@@ -131,6 +131,7 @@ struct hz_stats_file {
   int fd; /* kept open: its shared lock tells the agent the process lives */
   int refs;
   pid_t pid;
+  int gone; /* someone removed it: contexts move to a new file at their next recheck */
 };
 
 /* One per communicator. NCCL calls a communicator's getCollInfo from one
@@ -237,7 +238,13 @@ static int hz_stats_create(struct hz_stats_file* f, const char* jobdir) {
   int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
   if (fd < 0) return 0;
   uint8_t* map = NULL;
-  (void)fchmod(fd, 0640); /* independent of the tenant's umask; the group is the job's */
+  /* The job's group (the directory's), so the agent and only the job's other ranks
+   * may read it; independent of the tenant's umask and primary group. */
+  struct stat dir;
+  if (stat(jobdir, &dir) == 0 && fchown(fd, (uid_t)-1, dir.st_gid) != 0) {
+    /* not a member of the job's group: the file keeps this process's group */
+  }
+  (void)fchmod(fd, 0640);
   if (flock(fd, LOCK_SH | LOCK_NB) == 0 && ftruncate(fd, HZS_TOTAL_SIZE) == 0) {
     void* m = mmap(NULL, HZS_TOTAL_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m != MAP_FAILED) map = m;
@@ -319,7 +326,7 @@ static int hz_stats_attach(struct hz_ctx* c) {
   for (int i = 0; i < HZ_STATS_FILES && f == NULL; i++) {
     struct hz_stats_file* g = &g_stats[i];
     /* A file inherited across fork() belongs to the parent: never reuse it. */
-    if (g->map != NULL && g->pid == pid && strncmp(g->path, jobdir, dirlen) == 0 &&
+    if (g->map != NULL && g->pid == pid && !g->gone && strncmp(g->path, jobdir, dirlen) == 0 &&
         g->path[dirlen] == '/')
       f = g;
   }
@@ -639,8 +646,23 @@ static void hz_poll(struct hz_ctx* c, uint64_t n) {
 
 /* At indices tied to the collective count: attach stats if not yet, map
  * the policy if not yet, and follow a file that replaced the mapped one. */
+/* Whether this context's stats file was removed (by an operator, or a runtime
+ * directory wiped): then it moves to a new one, so the agent sees it again. */
+static void hz_stats_check(struct hz_ctx* c) {
+  pthread_mutex_lock(&g_stats_lock);
+  struct stat st;
+  int gone = c->stats != NULL && c->stats->pid == getpid() &&
+             (c->stats->gone || (fstat(c->stats->fd, &st) == 0 && st.st_nlink == 0));
+  if (gone) c->stats->gone = 1;
+  pthread_mutex_unlock(&g_stats_lock);
+  if (gone) hz_stats_detach(c);
+}
+
 HZ_COLD static void hz_recheck(struct hz_ctx* c, uint64_t n) {
-  if (c->slot == NULL) hz_stats_attach(c);
+  if (c->slot != NULL) hz_stats_check(c);
+  if (c->slot == NULL && hz_stats_attach(c)) {
+    hz_store64(c->slot + HZS_SLOT_OFF_COLLECTIVES, n);
+  }
   if (c->map != NULL) {
     struct stat st;
     if (stat(c->policy_path, &st) != 0 || (st.st_dev == c->map_dev && st.st_ino == c->map_ino))

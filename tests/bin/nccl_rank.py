@@ -10,7 +10,8 @@ each through getCollInfo with a cost table as NCCL builds it (Tree and Ring
 with LL, LL128 and Simple; Ring/LL cheapest, so that is NCCL's own choice).
 Each time the outcome changes it appends "INDEX ALGO PROTO CHANNELS" to OUT:
 the collective index from which the plugin's answer (the cheapest enabled
-entry after it ran, and nChannels) was different. ``--nccl`` makes a
+entry after it ran, and nChannels) was different, and "end N" when it stops
+after N collectives. ``--nccl`` makes a
 stand-in NCCL of that version visible first (channel caps apply from 2.31).
 The environment names the job (HARMONAIZE_JOB) and the policy directory
 (HARMONAIZE_TUNER_DIR), as a launcher would.
@@ -66,6 +67,7 @@ def main() -> int:
                 time.sleep(delay)
             elif delay < -1.0:
                 deadline = time.monotonic()  # it waited in the plugin: no burst after
+        log.write(f"end {n}\n")
     rank.close()
     return 0
 

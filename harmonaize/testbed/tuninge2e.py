@@ -1,0 +1,510 @@
+"""Fault schedules end to end: real agents, the real controller, ranks of other users.
+
+One lab (a controller, three GPU hosts and a tenant, each a network
+namespace) serves every schedule. Per schedule: a job is placed on two or
+three hosts with a Unix group, declared by the tenant, and run by stand-in
+ranks (the real plugin, as unprivileged users of that group, started with
+skews); congestion is real UDP traffic from a host's data link (told it
+carries 20 Mb/s) to the tenant; faults are real: agents SIGKILLed (also
+right after congestion sets in, when a change is being armed), stopped and
+continued, restarted into a recreated, corrupted or missing policy file; the
+controller SIGKILLed and restarted; a host's link cut; the declaration sent
+after the ranks started; ranks stopped and continued. Afterwards every
+rank's answers are compared collective by collective, and ranks still
+waiting at an unconfirmed switch (after the system had time to settle) are
+counted as stuck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.tuning.loop import Entry, build_policy
+from agent.tuning.policies import derive
+from agent.tuning.shm import PolicyFile, policy_path, read_policy, read_stats
+from harmonaize.messages import JobDeclaration
+from harmonaize.schema import from_plain
+from harmonaize.testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until
+from harmonaize.testbed.dropper import Dropper
+from harmonaize.testbed.netns import Lab
+from harmonaize.testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
+
+HOSTS = ("h0", "h1", "h2")
+SPEED = 20  # Mb/s the agents are told their data link carries
+GROUP = 61100  # the jobs' Unix group; ranks run as uids 61101...
+FAULTS = ("agent-kill", "agent-kill-onset", "agent-stop", "agent-recreate", "agent-corrupt",
+          "agent-lost", "controller-kill", "cut", "late-declaration", "rank-stall")
+LINKS = ('[observers.links]\ninclude = ["eth0"]\nmode = "proc"\n'
+         f"speeds = {{ eth0 = {SPEED} }}\n")
+AGENT_TUNING = ("hold = 1.0\nmax_changes_per_minute = 30\nreport_interval = 0.5\n"
+                "activation_margin = 16\nactivation_lead = 0.3\n")
+CONTROLLER = SMALL_CLUSTER + ("[tuning]\nhold = 1.5\nlead = 0.6\nmargin = 16\n"
+                              "arm_timeout = 1.0\nresend = 0.25\nreport_ttl = 5.0\n"
+                              "max_decisions_per_minute = 30\n")
+SETTLE = 10.0
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    kind: str
+    host: str = ""
+    duration: float = 0.0
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class E2ESchedule:
+    seed: int
+    hosts: tuple[str, ...]
+    ranks_per_host: int
+    rate: float
+    skew: float
+    duration: float
+    congestion: tuple[tuple[float, float, str, int], ...]  # start, end, host, rate Mb/s
+    faults: tuple[Event, ...]
+
+    def describe(self) -> str:
+        faults = ", ".join(f"{f.kind}@{f.at:.1f}s({f.host},{f.duration:.1f}s)"
+                           for f in self.faults)
+        return (f"e2e seed {self.seed}: {len(self.hosts)} hosts x {self.ranks_per_host} "
+                f"rank(s), {self.rate:.0f}/s, skew {self.skew:.2f}s; {faults}")
+
+
+def random_schedule(seed: int, duration: float = 10.0) -> E2ESchedule:
+    rng = random.Random(seed)
+    hosts = tuple(sorted(rng.sample(HOSTS, rng.choice((2, 2, 3)))))
+    congestion = []
+    t = rng.uniform(0.5, 1.5)
+    while t < duration - 1.5:
+        length = rng.uniform(1.5, 3.5)
+        congestion.append((t, t + length, rng.choice(hosts), rng.choice((13, 19))))
+        t += length + rng.uniform(1.0, 2.5)
+    faults = []
+    for _ in range(rng.choice((1, 1, 2))):
+        kind = rng.choice(FAULTS)
+        at = 0.0 if kind == "late-declaration" else rng.uniform(0.5, duration - 1.5)
+        if kind == "agent-kill-onset" and congestion:
+            start, _, host, _ = rng.choice(congestion)
+            faults.append(Event(start + rng.uniform(0.0, 0.4), kind, host,
+                                rng.uniform(0.5, 3.0)))
+            continue
+        faults.append(Event(at, kind, rng.choice(hosts), rng.uniform(0.3, 3.0),
+                            rng.randrange(2)))
+    return E2ESchedule(seed, hosts, rng.choice((1, 2)), round(10 ** rng.uniform(1.7, 3.0)),
+                       rng.choice((0.0, 0.01, 0.2, 1.0)) * rng.random(), duration,
+                       tuple(congestion), tuple(sorted(faults, key=lambda f: f.at)))
+
+
+@dataclass
+class E2EResult:
+    schedule: E2ESchedule
+    diverged: str = ""
+    stuck: int = 0
+    switches: int = 0
+    collectives: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class Campaign:
+    """The lab and its daemons, shared by every schedule; use as a context manager."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.lab = Lab(["controller", *HOSTS, "tenant"], tag="tdiv")
+        self.cluster: TestCluster | None = None
+        self.kit: RankKit | None = None
+        self._servers: list[subprocess.Popen[Any]] = []
+        self._traffic: list[subprocess.Popen[Any]] = []
+        self._droppers: dict[tuple[str, str], Dropper] = {}
+
+    def _dropper(self, host: str, direction: str) -> Dropper:
+        """One filter per host and direction for the whole lab (they go with it)."""
+        key = (host, direction)
+        if key not in self._droppers:
+            self._droppers[key] = Dropper(self.lab, host, direction)
+        return self._droppers[key]
+
+    def __enter__(self) -> Campaign:
+        self.lab.create()
+        self.kit = RankKit()
+        self.cluster = TestCluster(self.lab, self.workdir, controller_overrides=CONTROLLER)
+        self.cluster.start_controller()
+        for host in HOSTS:
+            self._start_agent(host)
+        for i, _ in enumerate(HOSTS):
+            self._servers.append(self.lab.popen("tenant", [
+                "iperf3", "-s", "-p", str(5301 + i)], stdout=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self._traffic + self._servers:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        if self.cluster is not None:
+            for host in list(self.cluster.agents):
+                with contextlib.suppress(Exception):
+                    self.cluster.stop_agent(host, signal.SIGKILL)
+            if self.cluster.controller is not None:
+                self.cluster.controller.kill()
+                self.cluster.controller.wait()
+        if self.kit is not None:
+            self.kit.close()
+        self.lab.close()
+
+    # --- daemons --------------------------------------------------------------------
+
+    def _start_agent(self, host: str) -> None:
+        assert self.cluster is not None
+        self.cluster.start_agent(host, gpus=0, extra=LINKS, tuning=AGENT_TUNING)
+
+    def _kill_agent(self, host: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        assert self.cluster is not None
+        if host in self.cluster.agents:
+            self.cluster.stop_agent(host, sig)
+
+    def _restart_controller(self, down: float) -> None:
+        assert self.cluster is not None and self.cluster.controller is not None
+        self.cluster.controller.kill()
+        self.cluster.controller.wait()
+        time.sleep(down)
+        self.cluster.start_controller()
+
+    # --- one schedule ---------------------------------------------------------------
+
+    def run(self, schedule: E2ESchedule) -> E2EResult:
+        assert self.cluster is not None and self.kit is not None
+        began = time.monotonic()
+        result = E2EResult(schedule)
+        rng = random.Random(schedule.seed ^ 0xE2E)
+        job = f"e2e-{schedule.seed}"
+        comm = rng.getrandbits(64) | 1
+        n_ranks = len(schedule.hosts) * schedule.ranks_per_host
+        members = [{"name": str(i), "host": h} for i, h in enumerate(
+            h for h in schedule.hosts for _ in range(schedule.ranks_per_host))]
+        self.cluster.admin_request("place", {"job": job, "tenant": "acme", "members": members,
+                                             "group": str(GROUP)})
+        declaration = self.workdir / f"{job}.json"
+        declaration.write_text(json.dumps({
+            "job": job, "revision": 1,
+            "tuning": [{"collectives": ["allreduce"], "algorithms": ["ring", "tree"],
+                        "protocols": ["ll", "simple"], "min_channels": 2,
+                        "max_channels": 16}]}))
+        late = next((f for f in schedule.faults if f.kind == "late-declaration"), None)
+        if late is None:
+            self._declare(declaration, result)
+        ranks: list[RankProcess] = []
+        start = time.monotonic()
+        offsets = sorted((rng.random() * schedule.skew, h) for h in schedule.hosts
+                         for _ in range(schedule.ranks_per_host))
+        try:
+            for offset, host in offsets:
+                time.sleep(max(0.0, start + offset - time.monotonic()))
+                uid = GROUP + 1 + len(ranks)
+                ranks.append(self.kit.start(
+                    job=job, directory=self.cluster.policy_dir(host), comm=comm,
+                    n_ranks=n_ranks, n_nodes=len(schedule.hosts), rate=schedule.rate, uid=uid,
+                    gid=GROUP, lab=self.lab, host=host))
+            if late is not None:
+                time.sleep(late.duration)
+                self._declare(declaration, result)
+            self._play(schedule, ranks, start)
+            self._settle(job, schedule, result)
+            counts = self._counts(job, schedule, ranks)
+        finally:
+            for proc in self._traffic:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+            self._traffic.clear()
+            ended = stop(ranks)
+            self._heal(schedule)
+        result.stuck = ended.count(False)
+        logs = [r.outcomes() for r in ranks]
+        totals = [max(issued(r.log) or 0, counts.get(r.proc.pid, 0)) for r in ranks]
+        result.diverged = disagreement(logs, totals)
+        result.switches = max((len(rows) - 1 for rows in logs), default=0)
+        result.collectives = sum(totals)
+        with contextlib.suppress(Exception):
+            self.cluster.admin_request("unplace", {"job": job})
+        result.seconds = time.monotonic() - began
+        return result
+
+    def _declare(self, path: Path, result: E2EResult) -> None:
+        assert self.cluster is not None
+        for _ in range(3):  # the controller may be restarting
+            done = self.cluster.tenant_cli("declare", str(path))
+            if done.returncode == 0:
+                return
+            time.sleep(1.0)
+        result.notes.append(f"declaration failed: {done.stderr.strip()}")
+
+    def _play(self, schedule: E2ESchedule, ranks: list[RankProcess], start: float) -> None:
+        timeline: list[tuple[float, int, str, Any]] = []
+        for i, (begin, end, host, rate) in enumerate(schedule.congestion):
+            timeline.append((begin, i, "traffic", (host, rate, end - begin)))
+        for i, fault in enumerate(schedule.faults):
+            if fault.kind != "late-declaration":
+                timeline.append((fault.at, 100 + i, "fault", fault))
+        restarts: list[tuple[float, int, str, Any]] = []
+        for at, _, kind, what in sorted(timeline):
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            self._due(restarts)
+            if kind == "traffic":
+                host, rate, seconds = what
+                port = 5301 + HOSTS.index(host)
+                self._traffic.append(self.lab.popen(host, [
+                    "iperf3", "-c", self.lab.addr("tenant"), "-p", str(port), "-u", "-b",
+                    f"{rate}M", "-t", f"{seconds:.1f}"], stdout=subprocess.DEVNULL))
+            else:
+                restarts += self._fault(what, ranks)
+        time.sleep(max(0.0, start + schedule.duration - time.monotonic()))
+        while restarts:
+            time.sleep(max(0.0, min(r[0] for r in restarts) - time.monotonic()))
+            self._due(restarts)
+
+    def _due(self, restarts: list[tuple[float, int, str, Any]]) -> None:
+        for item in sorted(restarts):
+            when, _, action, what = item
+            if when > time.monotonic():
+                continue
+            restarts.remove(item)
+            if action == "agent":
+                assert self.cluster is not None
+                if what not in self.cluster.agents:  # two faults may have stopped it
+                    self._start_agent(what)
+            elif action == "continue":
+                with contextlib.suppress(ProcessLookupError):
+                    what.send_signal(signal.SIGCONT)
+            elif action == "link":
+                self.lab.run(what, ["ip", "link", "set", "eth0", "up"])
+
+    def _fault(self, fault: Event, ranks: list[RankProcess]) -> list[tuple[float, int, str, Any]]:
+        assert self.cluster is not None
+        host, later = fault.host, time.monotonic() + fault.duration
+        if fault.kind in ("agent-kill", "agent-kill-onset"):
+            self._kill_agent(host)
+            return [(later, 0, "agent", host)]
+        if fault.kind == "agent-stop":
+            proc = self.cluster.agents.get(host)
+            if proc is not None:
+                proc.send_signal(signal.SIGSTOP)
+                return [(later, 1, "continue", proc)]
+            return []
+        if fault.kind in ("agent-recreate", "agent-corrupt", "agent-lost"):
+            self._kill_agent(host)
+            jobdir = self.cluster.policy_dir(host)
+            for path in jobdir.glob("*/policy"):
+                with contextlib.suppress(OSError):
+                    if fault.kind == "agent-recreate":
+                        data = path.read_bytes()
+                        path.unlink()
+                        path.write_bytes(data)
+                    elif fault.kind == "agent-corrupt":
+                        with open(path, "r+b") as f:
+                            f.seek(300)
+                            f.write(b"\x5a" * 64)
+                    else:
+                        path.unlink()
+            return [(later, 0, "agent", host)]
+        if fault.kind == "controller-kill":
+            self._restart_controller(fault.duration)
+            return []
+        if fault.kind == "cut":
+            self.lab.run(host, ["ip", "link", "set", "eth0", "down"])
+            return [(later, 2, "link", host)]
+        if fault.kind == "rank-stall":
+            mine = [r for r in ranks if r.host == host]
+            if mine:
+                target = mine[fault.rank % len(mine)].proc
+                target.send_signal(signal.SIGSTOP)
+                return [(later, 1, "continue", target)]
+        return []
+
+    def _settle(self, job: str, schedule: E2ESchedule, result: E2EResult) -> None:
+        """Calm links, every agent up: wait until no host holds an armed change."""
+        assert self.cluster is not None
+
+        def settled() -> bool:
+            for host in schedule.hosts:
+                try:
+                    policy = read_policy(policy_path(self.cluster.policy_dir(host), job))
+                except (OSError, ValueError):
+                    continue
+                if any(e.pending for e in policy.comms):
+                    return False
+            return True
+
+        try:
+            wait_until(settled, SETTLE, "every armed change to be resolved", interval=0.2)
+        except AssertionError as exc:
+            result.notes.append(str(exc))
+
+    def _counts(self, job: str, schedule: E2ESchedule,
+                ranks: list[RankProcess]) -> dict[int, int]:
+        """Each rank's collective count from its stats (for ranks that cannot say so)."""
+        assert self.cluster is not None
+        counts: dict[int, int] = {}
+        for host in schedule.hosts:
+            for slot in read_stats(self.cluster.policy_dir(host), job, remove_dead=False):
+                counts[slot.pid] = max(counts.get(slot.pid, 0), slot.collectives)
+        return counts
+
+    def _heal(self, schedule: E2ESchedule) -> None:
+        assert self.cluster is not None
+        for host in HOSTS:
+            self.lab.run(host, ["ip", "link", "set", "eth0", "up"])
+            proc = self.cluster.agents.get(host)
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGCONT)
+            if proc is None or proc.poll() is not None:
+                self.cluster.agents.pop(host, None)
+                self._start_agent(host)
+        if self.cluster.controller is None or self.cluster.controller.poll() is not None:
+            self.cluster.start_controller()
+
+
+    # --- the windows that are left: measured ----------------------------------------
+
+    def _job(self, name: str, hosts: tuple[str, ...], rate: float,
+             ranks_per_host: int = 1) -> tuple[int, list[RankProcess]]:
+        """Place, declare and start a job's ranks; returns its communicator and ranks."""
+        assert self.cluster is not None and self.kit is not None
+        comm = random.Random(name).getrandbits(64) | 1
+        members = [{"name": str(i), "host": h}
+                   for i, h in enumerate(h for h in hosts for _ in range(ranks_per_host))]
+        self.cluster.admin_request("place", {"job": name, "tenant": "acme",
+                                             "members": members, "group": str(GROUP)})
+        path = self.workdir / f"{name}.json"
+        path.write_text(json.dumps({
+            "job": name, "revision": 1,
+            "tuning": [{"collectives": ["allreduce"], "algorithms": ["ring", "tree"],
+                        "protocols": ["ll", "simple"], "min_channels": 2,
+                        "max_channels": 16}]}))
+        result = E2EResult(E2ESchedule(0, hosts, ranks_per_host, rate, 0.0, 0.0, (), ()))
+        self._declare(path, result)
+        ranks = [self.kit.start(job=name, directory=self.cluster.policy_dir(host), comm=comm,
+                                n_ranks=len(members), n_nodes=len(hosts), rate=rate,
+                                uid=GROUP + 1 + i, gid=GROUP, lab=self.lab, host=host)
+                 for i, host in enumerate(m["host"] for m in members)]
+        for host in hosts:
+            wait_until(lambda host=host: read_stats(self.cluster.policy_dir(host), name,
+                                                    remove_dead=False),
+                       30, f"{name}'s ranks on {host}")
+        time.sleep(1.5)  # the agents report them; the controller knows every rank
+        return comm, ranks
+
+    def detection(self, round_: int) -> tuple[float, float]:
+        """A change written on one host only (a writer that is not the agent): seconds
+        from the first rank's switch to the controller naming the job diverged, and to
+        the tenant's job-health saying so."""
+        assert self.cluster is not None
+        name = f"rogue-{round_}"
+        watcher = self.cluster.tenant_watch(topics=(f"job/acme/{name}/",))
+        comm, ranks = self._job(name, ("h0", "h1"), rate=300.0)
+        try:
+            path = policy_path(self.cluster.policy_dir("h0"), name)
+            policy = read_policy(path)
+            declared = from_plain(JobDeclaration,
+                                  json.loads((self.workdir / f"{name}.json").read_text()))
+            severe = derive(declared).get("severe").rules
+            count = max(s.collectives for s in read_stats(self.cluster.policy_dir("h0"), name,
+                                                          remove_dead=False))
+            at = count + 300  # a second ahead
+            revision = max((e.revision for e in policy.comms), default=0) + 1000
+            with PolicyFile(path) as handle:
+                handle.write(build_policy([Entry(comm, at, "default", "severe", (), severe,
+                                                 revision)], 999))
+            switched = wait_until(lambda: len(ranks[0].outcomes()) >= 2 and time.monotonic(),
+                                  20, "the rogue switch", interval=0.005)
+            controller = wait_until(
+                lambda: self.cluster.admin_request("jobs") and any(
+                    j["job"] == name and j["tuning"].get("health") == "diverged"
+                    for j in self.cluster.admin_request("jobs")) and time.monotonic(),
+                20, "the controller to see the disagreement", interval=0.01)
+            watcher.wait_for(lambda m: m.get("kind") == "job-health"
+                             and m["body"].get("tuning") == "diverged", 20,
+                             "job-health: diverged")
+            tenant = time.monotonic()
+            return controller - switched, tenant - switched
+        finally:
+            stop(ranks)
+            watcher.proc.kill()
+            watcher.proc.wait()
+            with contextlib.suppress(Exception):
+                self.cluster.admin_request("unplace", {"job": name})
+
+    def cut_after_arm(self, round_: int, cut: float) -> tuple[float, str, float]:
+        """The window no protocol closes without the ranks' own help: a host cut off
+        after it armed a change and before it heard the outcome. h0's answers are
+        dropped first (so the controller waits for them), then, once h0 armed, the
+        controller's messages too, for ``cut`` seconds. Returns how long h0's ranks
+        paused (s), whether any two ranks disagreed, and the seconds from the first
+        waiting rank to the tenant's job-health saying ``paused``."""
+        assert self.cluster is not None
+        name = f"cut-{round_}"
+        watcher = self.cluster.tenant_watch(topics=(f"job/acme/{name}/",))
+        _, ranks = self._job(name, ("h0", "h1"), rate=300.0)
+        traffic = None
+        out, into = self._dropper("h0", "egress"), self._dropper("h0", "ingress")
+        try:
+            h0 = policy_path(self.cluster.policy_dir("h0"), name)
+            out.set(1000)
+            traffic = self.lab.popen("h1", [
+                "iperf3", "-c", self.lab.addr("tenant"), "-p", str(5301 + HOSTS.index("h1")),
+                "-u", "-b", "19M", "-t", "8"], stdout=subprocess.DEVNULL)
+
+            def armed() -> bool:
+                try:
+                    return any(e.pending for e in read_policy(h0).comms)
+                except (OSError, ValueError):
+                    return False
+
+            wait_until(armed, 20, "h0 to arm the change", interval=0.002)
+            into.set(1000)
+            healed = time.monotonic() + cut
+
+            def waiting() -> float | bool:
+                slots = read_stats(self.cluster.policy_dir("h0"), name, remove_dead=False)
+                return any(s.waiting for s in slots) and time.monotonic()
+
+            first = wait_until(waiting, cut + 10, "a rank to wait", interval=0.005)
+            watcher.wait_for(lambda m: m.get("kind") == "job-health"
+                             and m["body"].get("tuning") == "paused", 20,
+                             "job-health: paused")
+            told = time.monotonic() - first
+            time.sleep(max(0.0, healed - time.monotonic()))
+            out.set(0)
+            into.set(0)
+            wait_until(lambda: not waiting(), 30, "the ranks to resume", interval=0.005)
+            paused = time.monotonic() - first
+            time.sleep(1.0)
+            counts = {}
+            for host in ("h0", "h1"):
+                for slot in read_stats(self.cluster.policy_dir(host), name, remove_dead=False):
+                    counts[slot.pid] = slot.collectives
+        finally:
+            out.set(0)
+            into.set(0)
+            if traffic is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    traffic.kill()
+                traffic.wait()
+            stop(ranks)
+            watcher.proc.kill()
+            watcher.proc.wait()
+            with contextlib.suppress(Exception):
+                self.cluster.admin_request("unplace", {"job": name})
+        totals = [max(issued(r.log) or 0, counts.get(r.proc.pid, 0)) for r in ranks]
+        return paused, disagreement([r.outcomes() for r in ranks], totals), told
