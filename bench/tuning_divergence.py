@@ -33,7 +33,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,53 +51,32 @@ def spread(values: list[float]) -> str:
             f"max {max(values):.2f}")
 
 
-def fast(count: int, first: int) -> tuple[int, int]:
-    diverged, stuck, switches, waiting, seconds = [], [], 0, [], []
+def part(name: str, count: int, first: int, *, draw: Callable[[int], Any],
+         play: Callable[[Any], Any], every: int) -> tuple[int, int]:
+    """Play ``count`` schedules drawn from seeds ``first``...; report and count them."""
+    diverged = stuck = switches = 0
+    waiting, seconds = [], []
     kinds: collections.Counter[str] = collections.Counter()
     for seed in range(first, first + count):
-        schedule = tuningsim.random_schedule(seed)
-        result = tuningsim.run(schedule)
+        schedule = draw(seed)
+        result = play(schedule)
         kinds.update(f.kind for f in schedule.faults)
         switches += result.switches
-        waiting.append(result.waiting)
         seconds.append(result.seconds)
+        waiting.append(getattr(result, "waiting", 0.0))
         if result.diverged:
-            diverged.append(seed)
+            diverged += 1
             print(f"  DIVERGED: {result.diverged} -- {schedule.describe()}", flush=True)
         if result.stuck:
-            stuck.append(seed)
+            stuck += 1
             print(f"  STUCK: {result.stuck} rank(s) -- {schedule.describe()}", flush=True)
-        if (seed - first + 1) % 50 == 0:
-            print(f"  compressed: {seed - first + 1} of {count}", flush=True)
-    print(f"compressed time: {count} schedules, {len(diverged)} diverged, {len(stuck)} with "
-          f"ranks left waiting; {switches} switches; rank-seconds waiting per schedule "
-          f"{spread(waiting)}; real seconds per schedule {spread(seconds)}; faults: "
+        if (seed - first + 1) % every == 0:
+            print(f"  {name}: {seed - first + 1} of {count}", flush=True)
+    print(f"{name}: {count} schedules, {diverged} diverged, {stuck} with ranks left waiting; "
+          f"{switches} switches; rank-seconds waiting per schedule {spread(waiting)}; "
+          f"real seconds per schedule {spread(seconds)}; faults: "
           + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())), flush=True)
-    return len(diverged), len(stuck)
-
-
-def e2e(campaign: tuninge2e.Campaign, count: int, first: int) -> tuple[int, int]:
-    diverged, stuck, switches, seconds = [], [], 0, []
-    kinds: collections.Counter[str] = collections.Counter()
-    for seed in range(first, first + count):
-        schedule = tuninge2e.random_schedule(seed)
-        result = campaign.run(schedule)
-        kinds.update(f.kind for f in schedule.faults)
-        switches += result.switches
-        seconds.append(result.seconds)
-        if result.diverged:
-            diverged.append(seed)
-            print(f"  DIVERGED: {result.diverged} -- {schedule.describe()}", flush=True)
-        if result.stuck:
-            stuck.append(seed)
-            print(f"  STUCK: {result.stuck} rank(s) -- {schedule.describe()} {result.notes}",
-                  flush=True)
-        if (seed - first + 1) % 10 == 0:
-            print(f"  end to end: {seed - first + 1} of {count}", flush=True)
-    print(f"end to end: {count} schedules, {len(diverged)} diverged, {len(stuck)} with ranks "
-          f"left waiting; {switches} switches; seconds per schedule {spread(seconds)}; "
-          "faults: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())), flush=True)
-    return len(diverged), len(stuck)
+    return diverged, stuck
 
 
 def windows(campaign: tuninge2e.Campaign, rounds: int) -> int:
@@ -132,13 +113,15 @@ def main() -> int:
               "other users' ranks); run with --e2e 0 --windows 0 otherwise", file=sys.stderr)
         return 1
     began = time.monotonic()
-    diverged, stuck = fast(args.fast, args.seed)
+    diverged, stuck = part("compressed time", args.fast, args.seed,
+                           draw=tuningsim.random_schedule, play=tuningsim.run, every=50)
     if args.e2e or args.windows:
         workdir = Path(tempfile.mkdtemp(prefix="hz-bench-tuning-"))
         workdir.chmod(0o755)
         with tuninge2e.Campaign(workdir) as campaign:
             if args.e2e:
-                more, left = e2e(campaign, args.e2e, args.seed)
+                more, left = part("end to end", args.e2e, args.seed,
+                                  draw=tuninge2e.random_schedule, play=campaign.run, every=10)
                 diverged, stuck = diverged + more, stuck + left
             if args.windows:
                 windows(campaign, args.windows)

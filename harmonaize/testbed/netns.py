@@ -153,6 +153,7 @@ class Lab:
         *,
         log: Path | None = None,
         stdout: int | IO[Any] | None = None,
+        stderr: int | IO[Any] | None = None,
         env: dict[str, str] | None = None,
         text: bool = False,
     ) -> subprocess.Popen[Any]:
@@ -162,7 +163,7 @@ class Lab:
         proc = subprocess.Popen(
             self.cmd(host, argv),
             stdout=out,
-            stderr=subprocess.STDOUT if log is not None else None,
+            stderr=subprocess.STDOUT if log is not None else stderr,
             env=env,
             text=text,
             start_new_session=True,  # Ctrl-C on the demo reaches us, not the daemons

@@ -143,7 +143,10 @@ class Campaign:
             self._start_agent(host)
         for i, _ in enumerate(HOSTS):
             self._servers.append(self.lab.popen("tenant", [
-                "iperf3", "-s", "-p", str(5301 + i)], stdout=subprocess.DEVNULL))
+                "iperf3", "-s", "-p", str(5301 + i)],
+                # the faults cut links under running traffic on purpose: its
+                # complaints are expected, not findings
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -190,16 +193,7 @@ class Campaign:
         job = f"e2e-{schedule.seed}"
         comm = rng.getrandbits(64) | 1
         n_ranks = len(schedule.hosts) * schedule.ranks_per_host
-        members = [{"name": str(i), "host": h} for i, h in enumerate(
-            h for h in schedule.hosts for _ in range(schedule.ranks_per_host))]
-        self.cluster.admin_request("place", {"job": job, "tenant": "acme", "members": members,
-                                             "group": str(GROUP)})
-        declaration = self.workdir / f"{job}.json"
-        declaration.write_text(json.dumps({
-            "job": job, "revision": 1,
-            "tuning": [{"collectives": ["allreduce"], "algorithms": ["ring", "tree"],
-                        "protocols": ["ll", "simple"], "min_channels": 2,
-                        "max_channels": 16}]}))
+        declaration = self._place(job, schedule.hosts, schedule.ranks_per_host)
         late = next((f for f in schedule.faults if f.kind == "late-declaration"), None)
         if late is None:
             self._declare(declaration, result)
@@ -240,6 +234,22 @@ class Campaign:
         result.seconds = time.monotonic() - began
         return result
 
+    def _place(self, job: str, hosts: tuple[str, ...], ranks_per_host: int) -> Path:
+        """Place a job (with its Unix group) as the scheduler would; write the
+        tenant's declaration of it to a file, to be sent with :meth:`_declare`."""
+        assert self.cluster is not None
+        members = [{"name": str(i), "host": h}
+                   for i, h in enumerate(h for h in hosts for _ in range(ranks_per_host))]
+        self.cluster.admin_request("place", {"job": job, "tenant": "acme", "members": members,
+                                             "group": str(GROUP)})
+        path = self.workdir / f"{job}.json"
+        path.write_text(json.dumps({
+            "job": job, "revision": 1,
+            "tuning": [{"collectives": ["allreduce"], "algorithms": ["ring", "tree"],
+                        "protocols": ["ll", "simple"], "min_channels": 2,
+                        "max_channels": 16}]}))
+        return path
+
     def _declare(self, path: Path, result: E2EResult) -> None:
         assert self.cluster is not None
         for _ in range(3):  # the controller may be restarting
@@ -265,7 +275,8 @@ class Campaign:
                 port = 5301 + HOSTS.index(host)
                 self._traffic.append(self.lab.popen(host, [
                     "iperf3", "-c", self.lab.addr("tenant"), "-p", str(port), "-u", "-b",
-                    f"{rate}M", "-t", f"{seconds:.1f}"], stdout=subprocess.DEVNULL))
+                    f"{rate}M", "-t", f"{seconds:.1f}"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             else:
                 restarts += self._fault(what, ranks)
         time.sleep(max(0.0, start + schedule.duration - time.monotonic()))
@@ -382,22 +393,14 @@ class Campaign:
         """Place, declare and start a job's ranks; returns its communicator and ranks."""
         assert self.cluster is not None and self.kit is not None
         comm = random.Random(name).getrandbits(64) | 1
-        members = [{"name": str(i), "host": h}
-                   for i, h in enumerate(h for h in hosts for _ in range(ranks_per_host))]
-        self.cluster.admin_request("place", {"job": name, "tenant": "acme",
-                                             "members": members, "group": str(GROUP)})
-        path = self.workdir / f"{name}.json"
-        path.write_text(json.dumps({
-            "job": name, "revision": 1,
-            "tuning": [{"collectives": ["allreduce"], "algorithms": ["ring", "tree"],
-                        "protocols": ["ll", "simple"], "min_channels": 2,
-                        "max_channels": 16}]}))
+        path = self._place(name, hosts, ranks_per_host)
+        members = [h for h in hosts for _ in range(ranks_per_host)]
         result = E2EResult(E2ESchedule(0, hosts, ranks_per_host, rate, 0.0, 0.0, (), ()))
         self._declare(path, result)
         ranks = [self.kit.start(job=name, directory=self.cluster.policy_dir(host), comm=comm,
                                 n_ranks=len(members), n_nodes=len(hosts), rate=rate,
                                 uid=GROUP + 1 + i, gid=GROUP, lab=self.lab, host=host)
-                 for i, host in enumerate(m["host"] for m in members)]
+                 for i, host in enumerate(members)]
         for host in hosts:
             wait_until(lambda host=host: read_stats(self.cluster.policy_dir(host), name,
                                                     remove_dead=False),
@@ -463,7 +466,8 @@ class Campaign:
             out.set(1000)
             traffic = self.lab.popen("h1", [
                 "iperf3", "-c", self.lab.addr("tenant"), "-p", str(5301 + HOSTS.index("h1")),
-                "-u", "-b", "19M", "-t", "8"], stdout=subprocess.DEVNULL)
+                "-u", "-b", "19M", "-t", "8"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
             def armed() -> bool:
                 try:
