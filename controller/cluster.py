@@ -95,8 +95,9 @@ class Cluster:
     counters: Counter[str] = field(default_factory=Counter)
     dirty: set[str] = field(default_factory=set)
     new_events: list[StoredEvent] = field(default_factory=list)
-    #: Job-scoped advice and notices from agents, for the shell to route to the job's tenant.
-    advisories: list[JobAdvisory | ValidationNotice] = field(default_factory=list)
+    #: Job-scoped advice and notices (host, message), for the shell to check against the
+    #: job's placement and rebuild for its tenant.
+    advisories: list[tuple[str, JobAdvisory | ValidationNotice]] = field(default_factory=list)
     #: Tuning reports and acknowledgements (host, message), for the shell's agreement.
     tuning: list[tuple[str, TuningReport | TuningAck]] = field(default_factory=list)
     #: Hosts that said hello since the shell last looked (resend what they lack).
@@ -150,7 +151,7 @@ class Cluster:
         elif isinstance(body, HostEvent):
             self.new_events.append(StoredEvent(host_id, host.epoch, env.seq, env.time, body))
         elif isinstance(body, JobAdvisory | ValidationNotice):
-            self.advisories.append(body)
+            self.advisories.append((host_id, body))
         elif isinstance(body, TuningReport | TuningAck):
             self.tuning.append((host_id, body))
         self.counters["accepted"] += 1

@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Annotated, ClassVar
 
 from harmonaize.messages import (
+    Advice,
     Bucket,
     GpuCounts,
     Health,
@@ -44,6 +45,7 @@ from harmonaize.messages import (
     PoolCapacity,
     Trend,
     TuningStatus,
+    Urgency,
     ValidationNotice,
 )
 from harmonaize.schema import Len, Num
@@ -81,6 +83,10 @@ class RedactionConfig:
     jitter: Annotated[float, Num(0.0, 86400.0)] = 2.0
     #: Publish how congested each job's paths are (a coarse level).
     job_congestion: bool = True
+    #: The longest validation pause a tenant may be told of for a job whose tenant
+    #: declared nothing to the controller (an operator allowed it on the host); with a
+    #: declaration, its ``max_validation_pause`` is the bound.
+    undeclared_max_pause: Annotated[float, Num(0.0, 86400.0)] = 1800.0
 
     def __post_init__(self) -> None:
         for name in ("host_buckets", "gpu_buckets"):
@@ -146,6 +152,12 @@ class Publication:
     at: float
 
 
+#: The reason classes a tenant may be told (an advisory naming any other is refused).
+ADVISORY_REASONS = frozenset({"gpu-memory", "gpu-failure", "interconnect", "thermal"})
+#: A validation notice never announces a start further ahead than this (seconds).
+NOTICE_HORIZON = 3600.0
+
+
 def pool_topic(pool: str, gpu_class: str) -> str:
     return f"pool/{pool}/{gpu_class}"
 
@@ -204,17 +216,44 @@ class Redactor:
         for placement in self.placements.values():
             self._job_health(placement, by_id, now)
 
-    def advisory(self, advisory: JobAdvisory | ValidationNotice, now: float) -> None:
-        """Advice or notice from an agent for one job: straight to its owner, or nowhere.
+    def advisory(self, host_id: str, advisory: JobAdvisory | ValidationNotice, now: float,
+                 wall: float, max_pause: float | None = None) -> str | None:
+        """Advice or notice from a host for one job, rebuilt for its owner; why not, if not.
 
-        Agents speak of jobs in the tenant's terms already (ranks, a reason class,
-        a pause length), so nothing is stripped here.
+        Only a host the job is placed on may speak for it, and nothing in its
+        message reaches the tenant as it came: the ranks are the placement's
+        own members on that host (of those the agent named, or all of them), the
+        reason one of :data:`ADVISORY_REASONS`, a pause at most the job's
+        declared ``max_validation_pause`` (``max_pause``; None: no declaration, so
+        ``undeclared_max_pause``) and its start within
+        :data:`NOTICE_HORIZON` seconds of ``wall`` (the controller's clock).
         """
         placement = self.placements.get(advisory.job)
-        if self.cfg.mode is Mode.NONE or placement is None:
-            return  # a job we do not know of: no tenant to tell
-        self._out.append(Publication(job_topic(placement.tenant, placement.job), advisory,
+        if self.cfg.mode is Mode.NONE:
+            return None
+        if placement is None:
+            return "unplaced"  # a job we do not know of: no tenant to tell
+        here = [m.name for m in placement.members if m.host_id == host_id]
+        if not here:
+            return "not_placed_here"
+        named = set(advisory.ranks if isinstance(advisory, JobAdvisory) else advisory.members)
+        ranks = tuple(sorted(n for n in here if n in named) or sorted(here))
+        body: Message
+        if isinstance(advisory, JobAdvisory):
+            if advisory.reason not in ADVISORY_REASONS:
+                return "unknown_reason"
+            body = JobAdvisory(placement.job, Advice(advisory.advice), advisory.reason,
+                               Urgency(advisory.urgency), ranks)
+        else:
+            bound = self.cfg.undeclared_max_pause if max_pause is None else max_pause
+            if not 0 < advisory.pause_seconds <= bound:
+                return "pause_not_allowed"
+            starts = min(max(float(advisory.starts_at), wall), wall + NOTICE_HORIZON)
+            body = ValidationNotice(placement.job, ranks, int(advisory.pause_seconds),
+                                    round(starts, 3))
+        self._out.append(Publication(job_topic(placement.tenant, placement.job), body,
                                      placement.tenant, now))
+        return None
 
     # --- outputs --------------------------------------------------------------------
 

@@ -398,8 +398,17 @@ class ControllerServer:
         now = time.monotonic()
         self._agree(now)
         advisories, self.cluster.advisories = self.cluster.advisories, []
-        for advisory in advisories:
-            self.redactor.advisory(advisory, now)
+        for host_id, advisory in advisories:
+            declared = self.declarations.get(advisory.job)
+            refused = self.redactor.advisory(
+                host_id, advisory, now, time.time(),
+                max_pause=declared[1].max_validation_pause if declared else None)
+            if refused is not None:
+                # Acknowledged to the host (it was delivered) but not passed on: a host
+                # speaking for a job it does not run, or beyond what the job allows.
+                self.cluster.counters[f"job_message_{refused}"] += 1
+                log.warning("host %s: %s for job %r not passed on (%s)", host_id,
+                            advisory.KIND, advisory.job, refused.replace("_", " "))
         if self.cluster.changed:
             self.cluster.changed = False
             self.redactor.observe(self.cluster.views(), now)

@@ -601,7 +601,7 @@ class Simulation:
         pool = self.node_pool[f.node]
         for j in list(self.node_jobs[f.node].values()):
             ranks = tuple(member_name(i) for i, n in enumerate(j.nodes) if n == f.node)
-            self.feed.advisory(pool, j.name, ranks, self.now)
+            self.feed.advisory(pool, j.name, f.node, ranks, self.now)
             self.counters["advisories_sent"] += 1
         self._deliver(self.feed.release(pool, self.now))
         self._plan_release(pool)

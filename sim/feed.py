@@ -95,9 +95,13 @@ class FeedBridge:
         self.redactors[pool].remove_job(job)
         self._health_jobs[pool].discard(job)
 
-    def advisory(self, pool: int, job: str, ranks: tuple[str, ...], now: float) -> None:
+    def advisory(self, pool: int, job: str, node: int, ranks: tuple[str, ...],
+                 now: float) -> None:
+        """Checkpoint advice from ``node``'s agent for its ranks of ``job``."""
         self.redactors[pool].advisory(
-            JobAdvisory(job, Advice.CHECKPOINT_NOW, "gpu-failure", Urgency.HIGH, ranks), now)
+            self.cluster.host_name(node),
+            JobAdvisory(job, Advice.CHECKPOINT_NOW, "gpu-failure", Urgency.HIGH, ranks),
+            now, now)
 
     # --- observation and release ----------------------------------------------------------
 

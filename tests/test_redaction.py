@@ -116,9 +116,10 @@ def test_job_messages_go_to_their_owner_only_in_its_own_terms() -> None:
     assert acme.tenant == "acme"
     assert acme.body == JobHealth("job-1", ("0",), ("1",), Level.NONE, 1)
     assert pubs["job/globex/job-2/"].body.congestion is Level.HIGH
-    redactor.advisory(JobAdvisory("job-1", Advice.CHECKPOINT_NOW, "gpu-memory", Urgency.HIGH,
-                                  ("0",)), 1.0)
-    redactor.advisory(ValidationNotice("job-9", ("0",), 60, 2.0), 1.0)  # nobody's job
+    assert redactor.advisory("node-0001", JobAdvisory(
+        "job-1", Advice.CHECKPOINT_NOW, "gpu-memory", Urgency.HIGH, ("0",)), 1.0, 1e9) is None
+    assert redactor.advisory("node-0001", ValidationNotice(  # nobody's job
+        "job-9", ("0",), 60, 2.0), 1.0, 1e9, max_pause=600) == "unplaced"
     (advice,) = redactor.due(1.0)
     assert (advice.topic, advice.tenant) == ("job/acme/job-1/", "acme")
 
@@ -193,8 +194,11 @@ def test_no_publication_leaks_and_every_aggregate_covers_k_hosts(
             hosts[i] = HostState(h.host_id, h.pool, h.gpu_class, not h.alive, h.schedulable,
                                  h.health, h.gpus, h.links)
         if job is not None:
-            redactor.advisory(JobAdvisory(f"job-{job}", Advice.CHECKPOINT_NOW, "thermal",
-                                          Urgency.ELEVATED, ("rank0",)), now)
+            placement = redactor.placements.get(f"job-{job}")
+            sender = placement.members[0].host_id if placement else hosts[0].host_id
+            redactor.advisory(sender, JobAdvisory(f"job-{job}", Advice.CHECKPOINT_NOW,
+                                                  "thermal", Urgency.ELEVATED, ("rank0",)),
+                              now, now)
         redactor.observe(hosts, now)
         for pub in redactor.due(now):
             published.append(pub)
