@@ -172,4 +172,9 @@ def _socket(daemon: AgentDaemon) -> list[Family]:
             stats.errors),
         counter(f"{P}_socket_denied_total",
                 "Operator requests refused for lack of permission.").add(stats.denied),
+        counter(f"{P}_socket_refused_busy_total",
+                "Operator connections refused: the caller's uid, or all non-root callers, "
+                "had as many open as allowed.").add(stats.refused_busy),
+        counter(f"{P}_socket_idle_closed_total",
+                "Operator connections closed for sitting idle.").add(stats.idle_closed),
     ]

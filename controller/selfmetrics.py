@@ -84,6 +84,11 @@ def collect(server: ControllerServer) -> list[Family]:
             stats.requests),
         counter(f"{P}_admin_denied_total",
                 "Admin requests refused for lack of permission.").add(stats.denied),
+        counter(f"{P}_admin_refused_busy_total",
+                "Admin connections refused: the caller's uid, or all non-root callers, "
+                "had as many open as allowed.").add(stats.refused_busy),
+        counter(f"{P}_admin_idle_closed_total",
+                "Admin connections closed for sitting idle.").add(stats.idle_closed),
     ]
     if server.metrics is not None:
         families += server.metrics.families()

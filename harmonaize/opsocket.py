@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +29,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
+#: Requests nest no deeper than this (the commands take flat arguments).
+MAX_DEPTH = 32
+#: Seconds a connection may sit idle between requests: root's, everyone else's.
 IDLE_TIMEOUT = 60.0
-MAX_CLIENTS = 64
+IDLE_TIMEOUT_OTHERS = 10.0
+#: Connections open at once: all non-root users together, and each uid of them.
+#: Root has its own ``ROOT_CLIENTS`` on top, which no one else can take, so a
+#: read-only member holding idle connections never locks out a drain or a place.
+OTHER_CLIENTS = 48
+CLIENTS_PER_UID = 8
+ROOT_CLIENTS = 16
+#: What is read and thrown away after a refusal, so the client can finish sending
+#: and read the reply instead of meeting a reset.
+DISCARD_BYTES = 16 * 1024 * 1024
+DISCARD_SECONDS = 2.0
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 
 
@@ -77,6 +91,10 @@ class SocketStats:
     requests: int = 0
     errors: int = 0
     denied: int = 0
+    #: Connections refused because the caller's uid (or all non-root callers) had
+    #: as many open as allowed, and connections closed for sitting idle.
+    refused_busy: int = 0
+    idle_closed: int = 0
     by_command: dict[str, int] = field(default_factory=dict)
 
 
@@ -98,6 +116,7 @@ class OperatorSocket:
         self.stats = SocketStats()
         self._server: asyncio.AbstractServer | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._by_uid: dict[int, int] = {}
 
     def _help(self, args: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -107,7 +126,15 @@ class OperatorSocket:
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() or self.path.is_symlink():
+        try:
+            mode = self.path.lstat().st_mode
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(mode):
+                # Never delete what is not ours: a typo naming a real file must not cost it.
+                raise RuntimeError(f"{self.path}: exists and is not a socket; refusing to "
+                                   "replace it (remove it or choose another path)")
             if await _is_live(self.path):
                 raise RuntimeError(f"{self.path}: another instance is serving this socket")
             self.path.unlink()
@@ -141,34 +168,64 @@ class OperatorSocket:
             return Access.READ
         return Access.NONE
 
+    def _admit(self, peer: Peer) -> str | None:
+        """Take a connection slot for the peer's uid; the refusal, if there is none."""
+        held = self._by_uid.get(peer.uid, 0)
+        if peer.uid == 0:
+            if held >= ROOT_CLIENTS:
+                return f"too many clients: root has {held} connections open"
+        elif held >= CLIENTS_PER_UID:
+            return f"too many clients: uid {peer.uid} has {held} connections open"
+        elif sum(n for uid, n in self._by_uid.items() if uid != 0) >= OTHER_CLIENTS:
+            return "too many clients: all non-root connections are taken"
+        self._by_uid[peer.uid] = held + 1
+        return None
+
+    def _release(self, uid: int) -> None:
+        left = self._by_uid.get(uid, 0) - 1
+        if left > 0:
+            self._by_uid[uid] = left
+        else:
+            self._by_uid.pop(uid, None)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._clients.add(task)
         self.stats.connections += 1
+        admitted: int | None = None
         try:
-            if len(self._clients) > MAX_CLIENTS:
-                await _reply(writer, {"ok": False, "error": "too many clients"})
-                return
-            sock = writer.get_extra_info("socket")
-            access = self.access_of(peer_of(sock))
+            peer = peer_of(writer.get_extra_info("socket"))
+            access = self.access_of(peer)
             if access is Access.NONE:
                 self.stats.denied += 1
-                await _reply(writer, {"ok": False, "error": "permission denied"})
+                await _refuse(reader, writer, "permission denied")
                 return
+            refusal = self._admit(peer)
+            if refusal is not None:
+                self.stats.refused_busy += 1
+                await _refuse(reader, writer, refusal)
+                return
+            admitted = peer.uid
+            idle = IDLE_TIMEOUT if peer.uid == 0 else IDLE_TIMEOUT_OTHERS
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+                    line = await asyncio.wait_for(reader.readline(), idle)
                 except (asyncio.LimitOverrunError, ValueError):
                     self.stats.errors += 1
-                    await _reply(writer, {"ok": False, "error": f"request over {MAX_LINE} bytes"})
+                    await _refuse(reader, writer, f"request over {MAX_LINE} bytes")
+                    return
+                except TimeoutError:
+                    self.stats.idle_closed += 1
                     return
                 if not line:
                     return
                 await _reply(writer, await self._dispatch(line, access))
-        except (TimeoutError, ConnectionError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            if admitted is not None:
+                self._release(admitted)
             self._clients.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
@@ -181,6 +238,11 @@ class OperatorSocket:
         except (ValueError, UnicodeDecodeError) as exc:
             self.stats.errors += 1
             return {"ok": False, "error": f"malformed request: not JSON ({exc})"}
+        except RecursionError:
+            request = None  # nested past the parser's own limit: answered below
+        if request is None or _too_deep(request):
+            self.stats.errors += 1
+            return {"ok": False, "error": f"malformed request: nested deeper than {MAX_DEPTH}"}
         if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
             self.stats.errors += 1
             return {"ok": False, "error": 'malformed request: expected {"cmd": "...", "args": {}}'}
@@ -210,9 +272,44 @@ class OperatorSocket:
         return {"ok": True, "result": result}
 
 
+def _too_deep(value: Any) -> bool:
+    """Whether a parsed request nests deeper than MAX_DEPTH (without recursing)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 async def _reply(writer: asyncio.StreamWriter, payload: dict[str, Any]) -> None:
     writer.write(json.dumps(payload, default=str).encode() + b"\n")
     await writer.drain()
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  error: str) -> None:
+    """Answer with an error and end the connection without resetting it.
+
+    Closing with the client's input unread makes the kernel reset the connection,
+    and a client still sending would get EPIPE before it reads the answer. So the
+    answer goes out, our side is shut for writing, and what the client still sends
+    is read and dropped (up to DISCARD_BYTES or DISCARD_SECONDS) until it closes.
+    """
+    await _reply(writer, {"ok": False, "error": error})
+    with contextlib.suppress(OSError, RuntimeError):
+        writer.write_eof()
+    loop = asyncio.get_running_loop()
+    deadline, left = loop.time() + DISCARD_SECONDS, DISCARD_BYTES
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        while left > 0:
+            chunk = await asyncio.wait_for(reader.read(65536), deadline - loop.time())
+            if not chunk:
+                break
+            left -= len(chunk)
 
 
 async def _is_live(path: Path) -> bool:
@@ -230,10 +327,15 @@ def request(path: str | Path, cmd: str, args: dict[str, Any] | None = None,
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
+        # The server may have refused early (busy, denied): its answer may still be there.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(json.dumps({"cmd": cmd, "args": args or {}}).encode() + b"\n")
         buf = bytearray()
         while not buf.endswith(b"\n"):
-            chunk = sock.recv(65536)
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
             if not chunk:
                 break
             buf += chunk

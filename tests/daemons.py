@@ -135,7 +135,8 @@ class Controller:
 
 
 def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
-                     ports: tuple[int, int] | None = None) -> Controller:
+                     ports: tuple[int, int] | None = None, admin_group: str = "",
+                     ) -> Controller:
     listen_port, feed_port = ports or (free_port(), free_port())
     listen = f"tcp://127.0.0.1:{listen_port}"
     feed = f"tcp://127.0.0.1:{feed_port}"
@@ -144,7 +145,7 @@ def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
     auth = "" if "[auth]" in extra else keyring(workdir).controller_config()
     config.write_text(
         f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\nadmin_socket = "{admin}"\n'
-        f'database = "{workdir / "controller.db"}"\nadmin_group = ""\n' + extra
+        f'database = "{workdir / "controller.db"}"\nadmin_group = "{admin_group}"\n' + extra
         + ("" if "[redaction]" in extra else SMALL_CLUSTER) + auth
     )
     log = workdir / "controller.log"
