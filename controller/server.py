@@ -33,6 +33,7 @@ from typing import Annotated, Any, ClassVar
 import zmq
 import zmq.asyncio
 
+from controller import config as controller_config
 from controller import selfmetrics
 from controller.agreement import Agreement
 from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
@@ -43,6 +44,7 @@ from controller.feed import FeedHub, Subscriber
 from controller.redaction import Member, Placement, Redactor
 from controller.store import Store
 from harmonaize import __version__, keys
+from harmonaize.config import ConfigError
 from harmonaize.messages import (
     AGENT_KINDS,
     MAX_FRAME,
@@ -197,6 +199,7 @@ class ControllerServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)  # the outcome is logged
         self._bind()
         if self.zap is not None:
             self.zap.start()
@@ -569,6 +572,60 @@ class ControllerServer:
                 replies.append(ClusterReply(conn, self._for_host(declaration)))
         return replies
 
+    def reload(self) -> str | None:
+        """SIGHUP or ``reload``: re-read the configuration; a bad file keeps the running one.
+
+        What the loops read each time (liveness, feed timing and retention,
+        redaction, tuning agreement, log level) applies at once; sockets, the
+        database, keys and metrics keep their values until the next restart, and
+        the log says which. Returns the error that refused the new file, if any.
+        """
+        self.notifier.reloading()
+        try:
+            new, _ = controller_config.load(self.cfg_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            self.notifier.notify("READY=1", f"STATUS=reload failed: {exc}")
+            return str(exc)
+        old = self.cfg
+        later = [name for name, before, after in (
+            ("controller.listen", old.controller.listen, new.controller.listen),
+            ("controller.feed", old.controller.feed, new.controller.feed),
+            ("controller.admin_socket", old.controller.admin_socket,
+             new.controller.admin_socket),
+            ("controller.admin_group", old.controller.admin_group, new.controller.admin_group),
+            ("controller.database", old.controller.database, new.controller.database),
+            ("feed.send_hwm", old.feed.send_hwm, new.feed.send_hwm),
+            ("feed.socket_buffer", old.feed.socket_buffer, new.feed.socket_buffer),
+            ("auth", old.auth, new.auth),
+            ("metrics", old.metrics, new.metrics),
+        ) if before != after]
+        if later:
+            log.warning("changes to %s take effect at the next restart", ", ".join(later))
+        # Keep what needs a restart as it runs, so status shows what is in force.
+        self.cfg = dataclasses.replace(
+            new, controller=dataclasses.replace(
+                old.controller, log_level=new.controller.log_level),
+            feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
+                                     socket_buffer=old.feed.socket_buffer),
+            auth=old.auth, metrics=old.metrics)
+        self.cluster.missed_heartbeats = new.liveness.missed_heartbeats
+        self.hub.renew = new.feed.renew
+        if new.redaction != old.redaction:
+            self.redactor.cfg = new.redaction
+            self.cluster.changed = True  # recompute what tenants see under the new rules
+        self.agreement.settings = new.tuning
+        logging.getLogger().setLevel(new.controller.log_level.value.upper())
+        self.notifier.notify("READY=1", f"STATUS={len(self.cluster.hosts)} known hosts")
+        log.info("configuration reloaded from %s", self.cfg_path or "built-in defaults")
+        return None
+
+    def _cmd_reload(self, args: dict[str, Any]) -> dict[str, Any]:
+        error = self.reload()
+        if error is not None:
+            raise CommandError(f"reload refused, running configuration kept: {error}")
+        return {"config": str(self.cfg_path) if self.cfg_path else None}
+
     # --- admin commands ------------------------------------------------------------------
 
     def _commands(self) -> dict[str, Command]:
@@ -585,6 +642,7 @@ class ControllerServer:
             "tenants": Command(self._cmd_tenants, "tenants: key, jobs, declarations, "
                                "subscribers"),
             "pools": Command(self._cmd_pools, "pools: hosts and GPUs (the provider's view)"),
+            "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:

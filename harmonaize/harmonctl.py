@@ -241,14 +241,25 @@ def _render_hosts(rows: list[dict[str, Any]]) -> str:
 
 
 def _render_capacity(rows: list[dict[str, Any]]) -> str:
-    flat = [
+    """What tenants see now: pools' capacity, then jobs' conditions (each their own table)."""
+    pools = [
         {**row, **{k: _bucket(row[k]) for k in ("hosts_up", "hosts_down", "gpus_available")}}
-        for row in rows
+        for row in rows if row.get("kind") == "pool-capacity"
     ]
-    return table(flat, [
+    out = table(pools, [
         ("topic", "TOPIC"), ("hosts_up", "HOSTS UP"), ("hosts_down", "HOSTS DOWN"),
         ("gpus_available", "GPUS"), ("trend", "TREND"), ("revision", "REV"),
     ])
+    jobs = [{**row, "degraded": ", ".join(row.get("degraded", ())) or "-",
+             "lost": ", ".join(row.get("lost", ())) or "-"}
+            for row in rows if row.get("kind") == "job-health"]
+    if jobs:
+        out += "\n\n" + table(jobs, [
+            ("topic", "JOB TOPIC"), ("tenant", "TENANT"), ("degraded", "DEGRADED"),
+            ("lost", "LOST"), ("congestion", "CONGESTION"), ("tuning_choice", "TUNING"),
+            ("tuning", "RANKS"), ("revision", "REV"),
+        ])
+    return out
 
 
 def _bucket(value: dict[str, Any]) -> str:
@@ -379,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="Unix group (name or number) of the job's processes here: only "
                          "its members may read and follow the job's tuner policy")
     sub.add_parser("undrain", parents=[common], help="return this host to capacity")
-    sub.add_parser("reload", parents=[common], help="make the agent re-read its configuration")
+    sub.add_parser("reload", parents=[common],
+                   help="make the agent (-C: the controller) re-read its configuration")
     sub.add_parser("hosts", parents=[common], help="(controller) every known host")
     sub.add_parser("capacity", parents=[common], help="(controller) tenant-visible capacity")
     events = sub.add_parser("events", parents=[common], help="(controller) recent host events")
