@@ -81,8 +81,9 @@ class FeedHub:
     refused: int = 0
 
     def subscribe(self, peer: bytes, tenant: str, request: Subscribe, now: float,
-                  topics: Mapping[str, int]) -> Subscription:
-        """Apply a (renewed) subscription; ``topics`` is every topic's newest seq."""
+                  topics: Mapping[str, int], *, epoch: int = 0) -> Subscription:
+        """Apply a (renewed) subscription; ``topics`` is every topic's newest seq,
+        ``epoch`` the feed's (positions of another one ask for everything retained)."""
         accepted: list[str] = []
         refused: list[Refusal] = []
         for prefix in dict.fromkeys(request.topics):
@@ -107,11 +108,15 @@ class FeedHub:
             sub = None
         visible = sorted(t for t in topics if sub is not None and sub.wants(t))
         since = {p.topic: p.seq for p in request.since}
+        if request.epoch and request.epoch != epoch:
+            # The client's positions are of a feed begun anew: they mean nothing here.
+            since = dict.fromkeys(visible, 0)
         replay = [(t, since[t]) for t in visible if t in since and since[t] < topics[t]]
         # A renewal says where it is (since); a new subscriber wants the present.
         fresh = [t for t in visible if t not in since]
         reply = Subscribed(tenant, tuple(accepted), tuple(refused)[:64],
-                           tuple(Position(t, topics[t]) for t in visible)[:1024], self.renew)
+                           tuple(Position(t, topics[t]) for t in visible)[:1024], self.renew,
+                           epoch)
         return Subscription(reply, replay, fresh if old is None or
                             set(accepted) - set(old.prefixes) else [])
 

@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
         "-c", "--config", type=Path, default=None,
         help=f"configuration file (default {controller_config.DEFAULT_PATH}, optional)",
     )
+    parser.add_argument(
+        "--initialise", action="store_true",
+        help="if the database is empty or unreadable, move it aside and begin a new one "
+        "(tenants' clients see a new feed epoch); without it such a database stops the start",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     args = parser.parse_args(argv)
     try:
@@ -33,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(cfg.controller.log_level.value)
     try:
-        server = ControllerServer(cfg, path)
+        server = ControllerServer(cfg, path, initialise=args.initialise)
         return asyncio.run(server.run())
     except (RuntimeError, OSError) as exc:
         print(f"harmonaize-controller: {exc}", file=sys.stderr)

@@ -104,14 +104,15 @@ def _sent(future: Any) -> BaseException | None:
 
 
 class ControllerServer:
-    def __init__(self, cfg: ControllerConfig, cfg_path: Path | None = None) -> None:
+    def __init__(self, cfg: ControllerConfig, cfg_path: Path | None = None, *,
+                 initialise: bool = False) -> None:
         self.cfg = cfg
         self.cfg_path = cfg_path
         self.started_at = time.monotonic()
         self.started_wall = time.time()
         self.metrics: MetricsServer | None = None
         self.notifier = Notifier()
-        self.store = Store(cfg.controller.database)
+        self.store = Store(cfg.controller.database, initialise=initialise)
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(self.store.load_hosts(), time.monotonic())
         self.redactor = Redactor(cfg.redaction, random.Random())
@@ -465,7 +466,8 @@ class ControllerServer:
 
     def _subscribe(self, peer: bytes, tenant: str, request: Subscribe) -> None:
         new = peer not in self.hub.subscribers
-        result = self.hub.subscribe(peer, tenant, request, time.monotonic(), self.feed_seqs)
+        result = self.hub.subscribe(peer, tenant, request, time.monotonic(), self.feed_seqs,
+                                    epoch=self.store.feed_epoch)
         for refusal in result.reply.refused:
             self.feed_stats["refused_subscriptions"] += 1
             log.warning("refused tenant %r a subscription to %r: %s", tenant or "(no key)",
@@ -485,7 +487,8 @@ class ControllerServer:
         chunk = min(self.cfg.feed.retention, max(1, self.cfg.feed.send_hwm // 2))
         for topic, after in result.replay:
             self.feed_stats["replays"] += 1
-            for _, frame in self.store.replay(topic, after, chunk):
+            retained_from = self.feed_seqs.get(topic, 0) - self.cfg.feed.retention + 1
+            for _, frame in self.store.replay(topic, after, chunk, retained_from):
                 self._to_subscriber(sub, topic, frame)
 
     async def _tick_loop(self) -> None:

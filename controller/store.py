@@ -8,7 +8,10 @@ transaction, and only then are the acknowledgements sent.
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 import sqlite3
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,6 +21,8 @@ from controller.cluster import HostRecord, StoredEvent
 from controller.redaction import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 3
 #: Version 1 lacked the feed log and declarations, version 2 the tuning state: their
@@ -73,10 +78,69 @@ CREATE TABLE IF NOT EXISTS host_events (
 """
 
 
+class StoreError(RuntimeError):
+    """The database cannot be used as it is; the message names the file and the way out."""
+
+
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, initialise: bool = False) -> None:
+        """Open (or, where there is no file yet, create) the database at ``path``.
+
+        An empty or unreadable file is refused: starting empty would restart every
+        sequence number at 1 and tenants' clients would take new messages for old
+        ones. With ``initialise`` such a file is moved aside and a new one begun
+        (with a new feed epoch, so clients see the reset).
+        """
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        problem = self._problem()
+        if problem is not None:
+            if not initialise:
+                raise StoreError(f"{self.path}: {problem}; refusing to start (restore it, or "
+                                 "start once with --initialise to move it aside and begin "
+                                 "anew)")
+            self._move_aside(problem)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a usable database ({exc})") from None
+
+    def _problem(self) -> str | None:
+        """Why the existing file cannot be used, if it cannot (None: fine, or no file)."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return None
+        if self.path.is_dir():
+            return "is a directory, not a database file"
+        if size == 0:
+            return "the database file is empty (0 bytes)"
+        try:
+            db = sqlite3.connect(self.path)
+            try:
+                verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+                version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'"
+                                     ).fetchone()
+            finally:
+                db.close()
+        except sqlite3.DatabaseError as exc:
+            return f"not a usable database ({exc})"
+        if verdict != "ok":
+            return f"the database is damaged ({str(verdict)[:200]})"
+        if version is None:
+            return "holds no HarmonAIze state (no schema version)"
+        return None
+
+    def _move_aside(self, problem: str) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{self.path}{suffix}")
+            if old.exists():
+                old.rename(f"{self.path}.broken-{stamp}{suffix}")
+        log.warning("%s: %s: moved aside as %s.broken-%s; beginning a new database (tenants' "
+                    "clients will see a new feed epoch)", self.path, problem, self.path, stamp)
+
+    def _open(self) -> None:
         self.db = sqlite3.connect(self.path, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         # An ack promises the agent its message is durable, so a commit must
@@ -87,7 +151,14 @@ class Store:
         if version is None or version in UPGRADABLE:
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif version != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: database schema {version}, expected {SCHEMA_VERSION}")
+            raise StoreError(f"{self.path}: database schema {version}, expected {SCHEMA_VERSION}")
+        epoch = self.get_meta("feed_epoch")
+        if not isinstance(epoch, int) or epoch <= 0:
+            # Drawn once per database: a database begun anew (its sequence numbers
+            # restart at 1) has another epoch, and tenants' clients see that.
+            epoch = secrets.randbits(62) or 1
+            self.set_meta("feed_epoch", epoch)
+        self.feed_epoch: int = epoch
 
     def close(self) -> None:
         self.db.close()
@@ -193,10 +264,13 @@ class Store:
             "SELECT topic, MAX(seq), frame FROM feed_log WHERE condition = 1 GROUP BY topic")
         return {topic: (seq, frame) for topic, seq, frame in rows}
 
-    def replay(self, topic: str, after: int, limit: int) -> list[tuple[int, bytes]]:
+    def replay(self, topic: str, after: int, limit: int,
+               retained_from: int = 0) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` messages of ``topic`` after ``after``, none below
+        ``retained_from`` (what pruning has not reached yet is not retained either)."""
         return self.db.execute(
-            "SELECT seq, frame FROM feed_log WHERE topic = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (topic, after, limit)).fetchall()
+            "SELECT seq, frame FROM feed_log WHERE topic = ? AND seq > ? AND seq >= ? "
+            "ORDER BY seq LIMIT ?", (topic, after, retained_from, limit)).fetchall()
 
     def prune_feed(self, keep: int) -> int:
         """Keep the newest ``keep`` messages per topic (sequence numbers have no holes)."""

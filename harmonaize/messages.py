@@ -604,6 +604,10 @@ class Subscribe(Message):
 
     topics: Annotated[tuple[Topic, ...], Len(64, min_len=1)]
     since: Annotated[tuple[Position, ...], Len(1024)] = ()
+    #: The feed epoch ``since`` belongs to (from ``Subscribed.epoch``); 0: none known.
+    #: Positions of another epoch mean nothing: the controller then replays everything
+    #: it retains on the accepted topics.
+    epoch: Count = 0
 
 
 @dataclass(frozen=True)
@@ -625,6 +629,10 @@ class Subscribed(Message):
     positions: Annotated[tuple[Position, ...], Len(1024)] = ()
     #: Renew within this many seconds, or the subscription lapses.
     renew: Annotated[float, Num(0.1, 86400.0)] = 30.0
+    #: This feed's epoch. It changes only when the controller's database was begun
+    #: anew, and then every sequence number starts again from 1: a client holding
+    #: positions of another epoch must forget them (it gets a replay of what is retained).
+    epoch: Count = 0
 
 
 @message("reply", Category.CONTROL)

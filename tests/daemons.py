@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +136,8 @@ class Controller:
 
 def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
                      ports: tuple[int, int] | None = None, admin_group: str = "",
-                     ) -> Controller:
+                     args: Sequence[str] = ()) -> Controller:
+    """``args`` go to the controller's command line (e.g. ``--initialise``)."""
     listen_port, feed_port = ports or (free_port(), free_port())
     listen = f"tcp://127.0.0.1:{listen_port}"
     feed = f"tcp://127.0.0.1:{feed_port}"
@@ -150,7 +151,7 @@ def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
     )
     log = workdir / "controller.log"
     with log.open("ab") as out:
-        proc = spawn(python("controller.main", "-c", str(config)), stdout=out,
+        proc = spawn(python("controller.main", "-c", str(config), *args), stdout=out,
                      stderr=subprocess.STDOUT)
     wait_until(serving(admin, proc, log), what="controller")
     return Controller(proc, listen, feed, admin, config, log, workdir)

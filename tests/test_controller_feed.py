@@ -263,7 +263,8 @@ def rss_kib(pid: int) -> int:
 def test_a_slow_subscriber_loses_only_its_own_messages(spawn, workdir: Path,
                                                        ctx: zmq.Context) -> None:
     controller = start_controller(spawn, workdir,
-                                  extra="[feed]\nsend_hwm = 50\nsocket_buffer = 16384\n")
+                                  extra="[feed]\nsend_hwm = 50\nsocket_buffer = 16384\n"
+                                  "retention = 5000\n")  # the fast one may need it all
     place(controller, "job-a", "alpha", *["h1"] * 1000)  # ranks mark the messages
     sender = Sender(FakeAgent(ctx, controller))
     slow = curve_dealer(ctx, controller, keyring(workdir).tenant("alpha"), controller.feed,

@@ -31,29 +31,42 @@ def describe(message: FeedMessage) -> str:
 
 
 def _client(args: argparse.Namespace, topics: list[str],
-            resume: dict[str, int] | None = None) -> FeedClient:
+            state: tuple[int, dict[str, int]] | None = None) -> FeedClient:
+    epoch, resume = state or (0, None)
     return FeedClient(args.feed, topics, key=args.key or None,
-                      server_key=args.server_key or None, resume=resume)
+                      server_key=args.server_key or None, resume=resume, epoch=epoch)
 
 
-def _load_state(path: Path | None) -> dict[str, int] | None:
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _load_state(path: Path | None) -> tuple[int, dict[str, int]] | None:
+    """(the feed epoch, positions) from ``--state``: ``{"epoch": E, "positions": {...}}``.
+
+    A bare map of topic to sequence number (as older versions wrote) has no epoch.
+    """
     if path is None or not path.exists():
         return None
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SystemExit(f"harmonaize-tenant: {path}: unreadable state: {exc}") from None
-    if not isinstance(data, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-            for k, v in data.items()):
-        raise SystemExit(f"harmonaize-tenant: {path}: not a map of topic to sequence number")
-    return data
+    epoch, positions = 0, data
+    if isinstance(data, dict) and "positions" in data:
+        epoch, positions = data.get("epoch", 0), data["positions"]
+    if not _is_count(epoch) or not isinstance(positions, dict) or not all(
+            isinstance(k, str) and _is_count(v) for k, v in positions.items()):
+        raise SystemExit(f"harmonaize-tenant: {path}: not a feed epoch and a map of topic to "
+                         "sequence number")
+    return epoch, positions
 
 
-def _save_state(path: Path | None, positions: dict[str, int]) -> None:
+def _save_state(path: Path | None, feed: FeedClient) -> None:
     if path is not None:
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(positions, sort_keys=True))
+        tmp.write_text(json.dumps({"epoch": feed.epoch, "positions": feed.positions},
+                                  sort_keys=True))
         tmp.replace(path)
 
 
@@ -71,7 +84,7 @@ def _watch(args: argparse.Namespace) -> int:
                     break
                 shown += 1
                 _show(message, args.json)
-                _save_state(args.state, feed.positions)
+                _save_state(args.state, feed)
         finally:
             for refusal in feed.refused:
                 print(f"harmonaize-tenant: refused {refusal.topic!r}: {refusal.reason}",

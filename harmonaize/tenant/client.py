@@ -13,8 +13,12 @@ a sequence number per topic; the client delivers each topic in order, once:
   what the controller retains, before later messages on that topic are
   delivered -- or skipped after ``gap_timeout`` and counted in
   ``stats.gaps``;
-* ``positions`` says where you are; pass it back as ``resume=`` after a
-  restart of your program and you get what you missed meanwhile;
+* ``positions`` says where you are; pass it back as ``resume=`` (with
+  ``epoch=`` set to ``epoch``) after a restart of your program and you get
+  what you missed meanwhile, and nothing twice;
+* if the controller's feed was begun anew (its epoch changed: a database
+  restored or initialised), the client forgets its positions, counts it in
+  ``stats.resets`` and receives what the controller retains from the start;
 * conditions (level state such as pool capacity) are delivered when their
   content changes; repeats are skipped.
 
@@ -88,12 +92,15 @@ class FeedStats:
     #: Gaps filled from the controller's retention.
     recovered: int = 0
     subscriptions: int = 0
+    #: Times the feed's epoch changed under us (positions forgotten, retention replayed).
+    resets: int = 0
 
 
 @dataclass
 class _Topic:
     last: int = 0                      # highest seq delivered (or skipped to)
     known: bool = False                # last is meaningful
+    delivered: int = 0                 # highest seq this program (or its last run) has had
     held: dict[int, FeedMessage] = field(default_factory=dict)  # waiting behind a gap
     gap_since: float | None = None     # a gap is open since (or made progress at) this time
     asked_at: float = 0.0              # when the missing messages were last asked for
@@ -119,6 +126,7 @@ class FeedClient:
         key: keys.KeyPair | str | Path | None = None,
         server_key: bytes | str | Path | None = None,
         resume: Mapping[str, int] | None = None,
+        epoch: int = 0,
         skip_repeated_conditions: bool = True,
         gap_timeout: float = 2.0,
         context: zmq.Context | None = None,
@@ -133,7 +141,9 @@ class FeedClient:
         self.refused: tuple[Refusal, ...] = ()
         self._topics: dict[str, _Topic] = {}
         for topic, seq in (resume or {}).items():
-            self._topics[topic] = _Topic(last=int(seq), known=True)
+            self._topics[topic] = _Topic(last=int(seq), known=True, delivered=int(seq))
+        #: The feed epoch the positions belong to (0 until the controller says).
+        self.epoch = int(epoch) if resume else 0
         self._ready: deque[FeedMessage] = deque()
         self._replies: dict[int, Reply] = {}
         self._request_seq = 0
@@ -213,7 +223,7 @@ class FeedClient:
     def _subscribe(self, now: float, since: Mapping[str, int] | None = None) -> None:
         positions = since if since is not None else self.positions
         items = sorted(positions.items(), key=lambda kv: -kv[1])[:MAX_POSITIONS]
-        request = Subscribe(self.topics, tuple(Position(t, s) for t, s in items))
+        request = Subscribe(self.topics, tuple(Position(t, s) for t, s in items), self.epoch)
         self._sock.send(encode(request, sender="tenant"))
         self._next_renew = now + self._renew / 3
 
@@ -272,6 +282,16 @@ class FeedClient:
             self.tenant, self.refused = body.tenant, body.refused
             self._renew = body.renew
             self._next_renew = min(self._next_renew, time.monotonic() + body.renew / 3)
+            if body.epoch and self.epoch and body.epoch != self.epoch:
+                # Begun anew: our positions are of another feed. Start every topic from
+                # 0; the controller replays what it retains (it saw our old epoch).
+                self.stats.resets += 1
+                for state in self._topics.values():
+                    state.last, state.known, state.delivered = 0, True, 0
+                    state.held.clear()
+                    state.gap_since = None
+            if body.epoch:
+                self.epoch = body.epoch
             for position in body.positions:
                 state = self._topics.setdefault(position.topic, _Topic())
                 if not state.known:  # new to us: we want the present, not the past
@@ -286,11 +306,16 @@ class FeedClient:
         if not state.known:
             state.last, state.known = message.seq - 1, True
         if message.seq <= state.last:
-            # Sent again: a condition for a late joiner or a republication, or a duplicate.
-            if message.category is Category.CONDITION:
-                self._deliver(state, message)
-            else:
+            # Sent again: a condition for a late joiner (the present, which we have not
+            # had), a republication of what we had, or a duplicate.
+            if message.category is not Category.CONDITION:
                 self.stats.duplicates += 1
+            elif message.seq > state.delivered:
+                self._deliver(state, message)
+            elif self.skip_repeated_conditions:
+                self.stats.repeated_conditions += 1
+            else:
+                self._ready.append(message)
             return
         state.held[message.seq] = message
         if message.seq > state.last + 1 and state.gap_since is None:
@@ -313,6 +338,7 @@ class FeedClient:
             state.gap_since = time.monotonic()  # progress: the clock starts again
 
     def _deliver(self, state: _Topic, message: FeedMessage) -> None:
+        state.delivered = max(state.delivered, message.seq)
         if message.category is Category.CONDITION:
             if self.skip_repeated_conditions and state.condition.get(message.kind) == \
                     message.body:
