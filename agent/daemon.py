@@ -36,6 +36,7 @@ from agent.uplink import Uplink
 from agent.validation.service import ValidationService
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
+from harmonaize.logs import one_line
 from harmonaize.messages import (
     Hello,
     HostEvent,
@@ -143,7 +144,12 @@ class AgentDaemon:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # result is logged
         self.notifier.status("starting observers")
-        Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(self.cfg.agent.state_dir).mkdir(parents=True, exist_ok=True)
+            if not Path(self.cfg.agent.state_dir).is_dir():
+                raise NotADirectoryError(20, "not a directory", self.cfg.agent.state_dir)
+        except OSError as exc:
+            raise RuntimeError(f"agent.state_dir: {one_line(exc)}") from None
         curve = self._uplink_keys()  # before anything starts: a missing key is fatal
         # First: a taken port stops the start before anything else is running.
         if self.cfg.metrics.listen:
@@ -152,7 +158,11 @@ class AgentDaemon:
             self.metrics = MetricsServer(self.cfg.metrics.listen, registry)
             await self.metrics.start()
         self.observers.start_all()
-        await self.opsocket.start()
+        try:
+            await self.opsocket.start()
+        except RuntimeError as exc:
+            self.observers.stop_all()
+            raise RuntimeError(f"socket.path: {exc}") from None
         if self.cfg.validation.enabled:
             self.validation = ValidationService(
                 self.cfg.validation, self.cfg.agent.state_dir, self.health.gpus,

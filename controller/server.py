@@ -42,9 +42,10 @@ from controller.cluster import Reply as ClusterReply
 from controller.config import AuthMode, ControllerConfig
 from controller.feed import FeedHub, Subscriber
 from controller.redaction import Member, Placement, Redactor
-from controller.store import Store
+from controller.store import Store, StoreError
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
+from harmonaize.logs import one_line
 from harmonaize.messages import (
     AGENT_KINDS,
     MAX_FRAME,
@@ -103,6 +104,15 @@ def _sent(future: Any) -> BaseException | None:
     return future.exception() if future.done() else None
 
 
+def _bind_or_say(sock: zmq.Socket, key: str, endpoint: str) -> None:
+    """Bind, or fail with one line naming the setting (a taken port, an unknown host)."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise RuntimeError(f"{key} = {endpoint!r}: cannot listen there: {exc.strerror}"
+                           ) from None
+
+
 class ControllerServer:
     def __init__(self, cfg: ControllerConfig, cfg_path: Path | None = None, *,
                  initialise: bool = False) -> None:
@@ -112,7 +122,10 @@ class ControllerServer:
         self.started_wall = time.time()
         self.metrics: MetricsServer | None = None
         self.notifier = Notifier()
-        self.store = Store(cfg.controller.database, initialise=initialise)
+        try:
+            self.store = Store(cfg.controller.database, initialise=initialise)
+        except StoreError as exc:
+            raise RuntimeError(f"controller.database: {exc}") from None
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(self.store.load_hosts(), time.monotonic())
         self.redactor = Redactor(cfg.redaction, random.Random())
@@ -182,7 +195,7 @@ class ControllerServer:
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
         if pair is not None:
             curve_server(self.router, pair, AGENTS)
-        self.router.bind(self.cfg.controller.listen)
+        _bind_or_say(self.router, "controller.listen", self.cfg.controller.listen)
         self.tenants = self._ctx.socket(zmq.ROUTER)
         self.tenants.setsockopt(zmq.LINGER, 0)
         # Sending to a gone or full subscriber fails at once instead of vanishing.
@@ -194,7 +207,7 @@ class ControllerServer:
         self.tenants.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
         if pair is not None:
             curve_server(self.tenants, pair, TENANTS)
-        self.tenants.bind(self.cfg.controller.feed)
+        _bind_or_say(self.tenants, "controller.feed", self.cfg.controller.feed)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -204,7 +217,10 @@ class ControllerServer:
         self._bind()
         if self.zap is not None:
             self.zap.start()
-        await self.admin.start()
+        try:
+            await self.admin.start()
+        except (OSError, RuntimeError) as exc:
+            raise RuntimeError(f"controller.admin_socket: {one_line(exc)}") from None
         if self.cfg.metrics.listen:
             registry = Registry("harmonaize_controller")
             registry.register("controller", lambda: selfmetrics.collect(self))

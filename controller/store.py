@@ -92,7 +92,10 @@ class Store:
         (with a new feed epoch, so clients see the reset).
         """
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot make its directory: {exc.strerror}") from None
         problem = self._problem()
         if problem is not None:
             if not initialise:

@@ -15,7 +15,11 @@ AbsPath = Annotated[str, Str(max_len=4096, min_len=1, pattern=r"/.*")]
 """An absolute filesystem path."""
 OptionalPath = Annotated[str, Str(max_len=4096, pattern=r"(/.*)?")]
 """An absolute filesystem path, or empty for none."""
-Endpoint = Annotated[str, Str(max_len=256, pattern=r"(tcp|ipc)://\S+")]
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+Endpoint = Annotated[str, Str(
+    max_len=256, pattern=rf"tcp://(\*|[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):{_PORT}|ipc:///\S+",
+    expected="a ZeroMQ endpoint: tcp://HOST:PORT (port 1-65535, HOST * for all) or "
+             "ipc:///PATH")]
 """A ZeroMQ endpoint such as ``tcp://10.0.0.1:7400``; empty where optional."""
 
 

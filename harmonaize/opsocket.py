@@ -125,6 +125,13 @@ class OperatorSocket:
         }
 
     async def start(self) -> None:
+        """Serve; raises RuntimeError (one line, naming the path) if it cannot."""
+        try:
+            await self._start()
+        except OSError as exc:
+            raise RuntimeError(f"{self.path}: {exc.strerror or exc}") from None
+
+    async def _start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             mode = self.path.lstat().st_mode

@@ -42,6 +42,8 @@ class Str:
     max_len: int = DEFAULT_MAX_STR
     min_len: int = 0
     pattern: str | None = None
+    #: What a value must look like, in words, for the error when it does not.
+    expected: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def _str_converter(limits: Str) -> Converter:
         if len(value) < limits.min_len:
             raise SchemaError(f"{path}: string too short (minimum {limits.min_len})")
         if regex is not None and value and not regex.fullmatch(value):
+            if limits.expected:
+                raise SchemaError(f"{path}: {value[:40]!r} is not {limits.expected}")
             raise SchemaError(f"{path}: {value[:40]!r} does not match {limits.pattern}")
         return value
 
