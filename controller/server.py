@@ -465,10 +465,10 @@ class ControllerServer:
         peer, data = frames[0].bytes, frames[1].bytes
         tenant = frames[1].get("User-Id") if self.zap is not None else ""
         try:
-            envelope = decode(data, allowed=TENANT_KINDS)
+            envelope = decode(data, allowed=TENANT_KINDS, strict=True)
         except WireError as exc:
             self.feed_stats["bad_request"] += 1
-            self._answer(peer, Reply(0, False, f"rejected: {exc}"[:1000]))
+            self._answer(peer, Reply(exc.seq, False, f"rejected: {exc}"[:1000]))
             return
         body = envelope.body
         if isinstance(body, Subscribe):
@@ -542,6 +542,11 @@ class ControllerServer:
             error = f"no job {declaration.job!r} of yours is placed"
         elif declaration.group:
             error = "declaration.group: set by the provider's placement, not by a tenant"
+        elif (current := self.declarations.get(declaration.job)) is not None and \
+                declaration.revision < current[1].revision:
+            # Agents ignore an older revision too: acknowledging it would say it applies.
+            error = (f"revision {declaration.revision} is older than revision "
+                     f"{current[1].revision} in force: ignored (declare a higher one)")
         else:
             error = None
         if error is not None:

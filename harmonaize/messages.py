@@ -37,6 +37,7 @@ from harmonaize.schema import (
     Text,
     Timestamp,
     from_plain,
+    strict_keys,
     to_plain,
 )
 
@@ -55,6 +56,10 @@ T = TypeVar("T")
 
 class WireError(ValueError):
     """An incoming frame was rejected; the message says why."""
+
+    #: The frame's sequence number when its envelope was readable (0: it was not),
+    #: so a refusal can name the request it answers.
+    seq: int = 0
 
 
 class Category(StrEnum):
@@ -682,8 +687,13 @@ class _Header:
     time: Timestamp
 
 
-def decode(data: bytes, *, allowed: Collection[str] | None = None) -> Envelope:
-    """Parse an untrusted frame. Raises only :class:`WireError`."""
+def decode(data: bytes, *, allowed: Collection[str] | None = None,
+           strict: bool = False) -> Envelope:
+    """Parse an untrusted frame. Raises only :class:`WireError`.
+
+    With ``strict``, unknown fields anywhere in the body are errors (requests
+    from tenants: a misspelt field must not be acknowledged as if it applied).
+    """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise WireError("frame must be bytes")
     if len(data) > MAX_FRAME:
@@ -717,7 +727,16 @@ def decode(data: bytes, *, allowed: Collection[str] | None = None) -> Envelope:
         raise WireError(f"message kind {kind!r} is not accepted here")
     try:
         header = from_plain(_Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
-        message_body = from_plain(_REGISTRY[kind], body, kind)
     except SchemaError as exc:
         raise WireError(str(exc)) from None
+    try:
+        if strict:
+            with strict_keys():
+                message_body = from_plain(_REGISTRY[kind], body, kind)
+        else:
+            message_body = from_plain(_REGISTRY[kind], body, kind)
+    except SchemaError as exc:
+        error = WireError(str(exc))
+        error.seq = header.seq
+        raise error from None
     return Envelope(kind, header.sender, header.seq, header.time, message_body)

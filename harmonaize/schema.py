@@ -18,7 +18,9 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -263,18 +265,33 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+_STRICT: ContextVar[bool] = ContextVar("strict_keys", default=False)
+
+
+@contextmanager
+def strict_keys() -> Iterator[None]:
+    """Within it, unknown keys are errors at every level (for requests from people,
+    where a typo must be named rather than ignored)."""
+    token = _STRICT.set(True)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
 def from_plain(cls: type[T], value: Any, path: str | None = None) -> T:
     """Build ``cls`` from untrusted plain values.
 
     Unknown keys are skipped (a newer peer may add fields) unless the class sets
-    ``STRICT_KEYS = True``, as configuration does, where a typo must be named.
+    ``STRICT_KEYS = True``, as configuration does, where a typo must be named, or
+    the call is made under :func:`strict_keys`.
     """
     path = cls.__name__ if path is None else path
     if not isinstance(value, dict):
         raise SchemaError(f"{path or cls.__name__}: expected a map, got {_type_name(value)}")
     specs = _specs(cls)
     known = {spec.name for spec in specs}
-    strict = getattr(cls, "STRICT_KEYS", False)
+    strict = getattr(cls, "STRICT_KEYS", False) or _STRICT.get()
     for key in value:
         if not isinstance(key, str):
             raise SchemaError(f"{path or cls.__name__}: field names must be strings")
