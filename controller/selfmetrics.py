@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from controller.limits import descriptors
 from harmonaize import __version__
 from harmonaize.messages import TuningStatus
 from harmonaize.metrics import Family, counter, gauge
@@ -57,7 +58,21 @@ def collect(server: ControllerServer) -> list[Family]:
                       "Multi-host tuning changes, by outcome (armed, confirmed, cancelled).")
     for outcome in ("armed", "confirmed", "cancelled"):
         changes.add(server.agreement.counters.get(outcome, 0), outcome=outcome)
+    handshakes = counter(f"{P}_handshakes_failed_total",
+                         "Connections whose ZeroMQ handshake failed, by port and reason (auth: "
+                         "a key not on file; protocol: no CurveZMQ; no_detail: a wrong server "
+                         "key, a timeout, a drop).")
+    connections = gauge(f"{P}_connections", "TCP connections open now, by port.")
+    for name, port in sorted(server.ports.items()):
+        for reason in ("auth", "protocol", "no_detail"):
+            handshakes.add(port.failed.get(reason, 0), port=name, reason=reason)
+        connections.add(len(port.open_fds), port=name)
+    fds = descriptors()
     families = [
+        handshakes,
+        connections,
+        gauge(f"{P}_descriptors", "File descriptors open now, and the soft limit.").add(
+            fds["open"], state="open").add(fds["limit"], state="limit"),
         gauge(f"{P}_info", "Version of this controller (always 1).").add(1, version=__version__),
         gauge(f"{P}_start_time_seconds", "When the controller started, in Unix time.").add(
             server.started_wall),

@@ -41,6 +41,9 @@ from controller.cluster import Cluster
 from controller.cluster import Reply as ClusterReply
 from controller.config import AuthMode, ControllerConfig
 from controller.feed import FeedHub, Subscriber
+from controller.handshakes import HANDSHAKE_TIMEOUT_MS, PortWatch
+from controller.handshakes import watch as watch_handshakes
+from controller.limits import descriptors, raise_descriptor_limit
 from controller.redaction import Member, Placement, Redactor
 from controller.store import Store, StoreError
 from harmonaize import __version__, keys
@@ -164,6 +167,7 @@ class ControllerServer:
         self.router: zmq.asyncio.Socket | None = None
         self.tenants: zmq.asyncio.Socket | None = None
         self.zap: ZapHandler | None = None
+        self.ports = {"agents": PortWatch("agent"), "feed": PortWatch("feed")}
         self.admin = OperatorSocket(
             cfg.controller.admin_socket,
             self._commands(),
@@ -191,6 +195,7 @@ class ControllerServer:
                         "tenants get pool topics only", self.cfg.controller.listen)
         self.router = self._ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         # ZeroMQ drops a peer that sends a frame larger than this before we see it.
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
         if pair is not None:
@@ -198,6 +203,7 @@ class ControllerServer:
         _bind_or_say(self.router, "controller.listen", self.cfg.controller.listen)
         self.tenants = self._ctx.socket(zmq.ROUTER)
         self.tenants.setsockopt(zmq.LINGER, 0)
+        self.tenants.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         # Sending to a gone or full subscriber fails at once instead of vanishing.
         self.tenants.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.tenants.setsockopt(zmq.SNDHWM, self.cfg.feed.send_hwm)
@@ -214,6 +220,7 @@ class ControllerServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # the outcome is logged
+        raise_descriptor_limit()
         self._bind()
         if self.zap is not None:
             self.zap.start()
@@ -234,6 +241,10 @@ class ControllerServer:
         )
         tasks = [
             asyncio.create_task(self._ingest_loop(), name="ingest"),
+            asyncio.create_task(watch_handshakes(self.router, self.ports["agents"]),
+                                name="agent-port"),
+            asyncio.create_task(watch_handshakes(self.tenants, self.ports["feed"]),
+                                name="feed-port"),
             asyncio.create_task(self._feed_loop(), name="feed"),
             asyncio.create_task(self._tick_loop(), name="tick"),
         ]
@@ -685,6 +696,10 @@ class ControllerServer:
             "feed_stats": {**self.feed_stats, "topics": len(self.feed_seqs),
                            "subscribers": len(self.hub.subscribers)},
             "auth": self._auth_status(),
+            "handshakes_failed": {name: sum(port.failed.values())
+                                  for name, port in self.ports.items()},
+            "ports": {name: port.view() for name, port in self.ports.items()},
+            "descriptors": descriptors(),
             "admin_socket": asdict(self.admin.stats),
         }
 

@@ -13,7 +13,7 @@ from typing import Any
 from harmonaize import keys
 from harmonaize.messages import JobDeclaration, PoolCapacity
 from harmonaize.schema import from_plain, to_plain
-from harmonaize.tenant.client import FeedClient, FeedMessage, RequestError
+from harmonaize.tenant.client import FeedClient, FeedError, FeedMessage, RequestError
 
 KEY_ENV = "HARMONAIZE_TENANT_KEY"
 SERVER_KEY_ENV = "HARMONAIZE_SERVER_KEY"
@@ -89,6 +89,13 @@ def _watch(args: argparse.Namespace) -> int:
             for refusal in feed.refused:
                 print(f"harmonaize-tenant: refused {refusal.topic!r}: {refusal.reason}",
                       file=sys.stderr)
+        if feed.stats.subscriptions == 0 and args.timeout is not None:
+            # Not one answer: say so (and why, if the connection told us) rather than
+            # exit as if the feed had simply been quiet.
+            why = feed.problem or "is the feed address right, and the controller up?"
+            print(f"harmonaize-tenant: no answer from {args.feed} within {args.timeout:g} s: "
+                  f"{why}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -168,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     except keys.KeyFileError as exc:
         print(f"harmonaize-tenant: {exc}", file=sys.stderr)
         return 2
+    except FeedError as exc:
+        print(f"harmonaize-tenant: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

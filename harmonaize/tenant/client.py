@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from harmonaize import keys
 from harmonaize.messages import (
@@ -63,6 +64,18 @@ MAX_POSITIONS = 1024
 
 class RequestError(RuntimeError):
     """The controller refused a request, or did not answer; the message says which."""
+
+
+class FeedError(RuntimeError):
+    """The controller will not talk to this client as it is (its key was refused)."""
+
+
+#: What the connection's monitor reports, and what each means for a tenant.
+_WATCHED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+REFUSED_KEY = ("the controller refused this key (is its public half, NAME.key, filed with "
+               "your provider?)")
 
 
 @dataclass(frozen=True)
@@ -159,6 +172,13 @@ class FeedClient:
                 raise ValueError("CurveZMQ needs both key (yours) and server_key (the "
                                  "controller's)")
             keys.curve_client(self._sock, _load_pair(key), _load_public(server_key))
+        #: Why the connection does not work, in words (None: it works, or nothing known yet).
+        self.problem: str | None = None
+        self._handshakes = 0
+        self._monitor = self._sock.get_monitor_socket(_WATCHED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._sock.connect(endpoint)
         self._subscribe(time.monotonic())
 
@@ -180,22 +200,24 @@ class FeedClient:
             if deadline is not None and now >= deadline:
                 return None
             wait = self._next_wake(now, deadline)
-            if self._sock.poll(int(wait * 1000) + 1):
-                self._pump()
+            self._wait(wait)
         return self._ready.popleft()
 
     def declare(self, declaration: JobDeclaration, timeout: float = 10.0) -> None:
         """Send a declaration for one of your jobs; raises :class:`RequestError` if refused."""
         self._request_seq += 1
         seq = self._request_seq
-        self._sock.send(encode(declaration, sender="tenant", seq=seq))
+        frame = encode(declaration, sender="tenant", seq=seq)
+        sent = self._send(frame)
         deadline = time.monotonic() + timeout
         while seq not in self._replies:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RequestError(f"no answer from {self.endpoint} within {timeout:g} s")
-            if self._sock.poll(max(1, int(remaining * 1000))):
-                self._pump()
+                why = f": {self.problem}" if self.problem else ""
+                raise RequestError(f"no answer from {self.endpoint} within {timeout:g} s{why}")
+            self._wait(min(remaining, 0.2))
+            if not sent:
+                sent = self._send(frame)
         reply = self._replies.pop(seq)
         if not reply.ok:
             raise RequestError(reply.error)
@@ -207,6 +229,8 @@ class FeedClient:
                 yield message
 
     def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close()
         self._sock.close()
         if self._own_context:
             self._ctx.term()
@@ -224,8 +248,48 @@ class FeedClient:
         positions = since if since is not None else self.positions
         items = sorted(positions.items(), key=lambda kv: -kv[1])[:MAX_POSITIONS]
         request = Subscribe(self.topics, tuple(Position(t, s) for t, s in items), self.epoch)
-        self._sock.send(encode(request, sender="tenant"))
+        self._send(encode(request, sender="tenant"))  # if not now, at the next renewal
         self._next_renew = now + self._renew / 3
+
+    def _send(self, frame: bytes) -> bool:
+        """Send without blocking: with no connection up (the controller away, or our
+        handshake refused) ZeroMQ has nowhere to queue it, and a blocking send would
+        hang the program past any timeout. Returns whether it went."""
+        try:
+            self._sock.send(frame, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for a frame or a connection event; take what came."""
+        ready = dict(self._poller.poll(int(seconds * 1000) + 1))
+        if self._monitor in ready:
+            self._connection_events()
+        if self._sock in ready:
+            self._pump()
+
+    def _connection_events(self) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshakes += 1
+                self.problem = None
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self.problem = REFUSED_KEY
+                raise FeedError(REFUSED_KEY)
+            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                self.problem = ("the handshake with the controller failed (a wrong server "
+                                "key, or not a HarmonAIze feed?)")
+            elif kind == zmq.EVENT_DISCONNECTED and self.problem is None:
+                self.problem = ("the controller closed the connection before any answer (a "
+                                "wrong server key?)" if not self._handshakes else
+                                "the connection to the controller dropped")
 
     def _next_wake(self, now: float, deadline: float | None) -> float:
         wakes = [self._next_renew - now]
