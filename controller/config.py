@@ -52,6 +52,14 @@ class FeedSection:
     retention: Annotated[int, Num(1, 1_000_000)] = 1000
     #: Seconds within which a tenant must renew its subscription (clients do it at a third).
     renew: Annotated[float, Num(1.0, 3600.0)] = 30.0
+    #: Requests (subscriptions, renewals, declarations) per second per tenant, and how
+    #: many may be saved up; beyond, requests are dropped and counted.
+    request_rate: Annotated[float, Num(0.1, 100_000.0)] = 20.0
+    request_burst: Annotated[float, Num(1.0, 1_000_000.0)] = 100.0
+    #: Retained messages replayed per second per tenant, and how many may be saved up;
+    #: beyond, a replay waits (the client asks again) and is counted.
+    replay_rate: Annotated[float, Num(1.0, 10_000_000.0)] = 2000.0
+    replay_burst: Annotated[float, Num(1.0, 100_000_000.0)] = 10000.0
 
 
 class AuthMode(StrEnum):

@@ -75,10 +75,63 @@ class Subscription:
 
 
 @dataclass
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up."""
+
+    rate: float
+    burst: float
+    tokens: float = -1.0  # full at the first use
+    at: float = 0.0
+
+    def take(self, want: int, now: float) -> int:
+        """Take up to ``want`` tokens; returns how many were granted."""
+        if self.tokens < 0:
+            self.tokens = self.burst
+        else:
+            self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
+        self.at = now
+        granted = max(0, min(want, int(self.tokens)))
+        self.tokens -= granted
+        return granted
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What one tenant may cost the controller (over all its connections)."""
+
+    #: Requests (subscriptions, renewals, declarations) a second, and saved up.
+    request_rate: float = 20.0
+    request_burst: float = 100.0
+    #: Retained messages replayed a second, and saved up.
+    replay_rate: float = 2000.0
+    replay_burst: float = 10000.0
+
+
+@dataclass
 class FeedHub:
     renew: float = 30.0
     subscribers: dict[bytes, Subscriber] = field(default_factory=dict)
     refused: int = 0
+    budgets: Budgets = field(default_factory=Budgets)
+    #: Per tenant (one entry per key on file, so bounded): its requests and replays.
+    _requests: dict[str, TokenBucket] = field(default_factory=dict)
+    _replays: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def admit(self, tenant: str, now: float) -> bool:
+        """Whether the tenant may make one more request now."""
+        bucket = self._requests.get(tenant)
+        if bucket is None:
+            bucket = self._requests[tenant] = TokenBucket(self.budgets.request_rate,
+                                                          self.budgets.request_burst)
+        return bucket.take(1, now) == 1
+
+    def replay_allowance(self, tenant: str, want: int, now: float) -> int:
+        """How many of ``want`` retained messages the tenant may be sent again now."""
+        bucket = self._replays.get(tenant)
+        if bucket is None:
+            bucket = self._replays[tenant] = TokenBucket(self.budgets.replay_rate,
+                                                         self.budgets.replay_burst)
+        return bucket.take(want, now)
 
     def subscribe(self, peer: bytes, tenant: str, request: Subscribe, now: float,
                   topics: Mapping[str, int], *, epoch: int = 0) -> Subscription:

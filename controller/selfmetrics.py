@@ -33,6 +33,13 @@ FEED_COUNTERS = {
     "refused_subscriptions": ("feed_subscriptions_refused_total",
                               "Topic subscriptions refused (not the tenant's)."),
     "replays": ("feed_replays_total", "Topics replayed to a resuming subscriber."),
+    "replayed_messages": ("feed_replayed_messages_total",
+                          "Retained messages sent again to resuming subscribers."),
+    "replays_throttled": ("feed_replays_throttled_total",
+                          "Replays cut short by the tenant's replay budget (the client asks "
+                          "again)."),
+    "throttled_requests": ("feed_requests_throttled_total",
+                           "Tenant requests dropped over the tenant's request budget."),
 }
 
 

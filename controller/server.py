@@ -40,7 +40,7 @@ from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
 from controller.cluster import Cluster
 from controller.cluster import Reply as ClusterReply
 from controller.config import AuthMode, ControllerConfig
-from controller.feed import FeedHub, Subscriber
+from controller.feed import Budgets, FeedHub, Subscriber
 from controller.handshakes import HANDSHAKE_TIMEOUT_MS, PortWatch
 from controller.handshakes import watch as watch_handshakes
 from controller.limits import descriptors, raise_descriptor_limit
@@ -107,6 +107,11 @@ def _sent(future: Any) -> BaseException | None:
     return future.exception() if future.done() else None
 
 
+def _budgets(cfg: ControllerConfig) -> Budgets:
+    feed = cfg.feed
+    return Budgets(feed.request_rate, feed.request_burst, feed.replay_rate, feed.replay_burst)
+
+
 def _bind_or_say(sock: zmq.Socket, key: str, endpoint: str) -> None:
     """Bind, or fail with one line naming the setting (a taken port, an unknown host)."""
     try:
@@ -154,7 +159,7 @@ class ControllerServer:
         self._tuning_out: list[tuple[str, Message]] = []
         #: Each topic's newest condition (seq, frame): for late joiners and republication.
         self.latest = self.store.latest_conditions()
-        self.hub = FeedHub(renew=cfg.feed.renew)
+        self.hub = FeedHub(renew=cfg.feed.renew, budgets=_budgets(cfg))
         #: Declarations by job: (tenant, declaration).
         self.declarations: dict[str, tuple[str, JobDeclaration]] = {
             d.job: (tenant, d) for tenant, d in self.store.load_declarations()}
@@ -467,6 +472,9 @@ class ControllerServer:
         while True:
             frames = await self.tenants.recv_multipart(copy=False)
             self._tenant_frame(frames)
+            # A queued frame completes the await without yielding: let agents' frames,
+            # acks and heartbeats have their turn between any two tenant requests.
+            await asyncio.sleep(0)
 
     def _tenant_frame(self, frames: list[zmq.Frame]) -> None:
         self.feed_stats["requests"] += 1
@@ -482,6 +490,10 @@ class ControllerServer:
             self._answer(peer, Reply(exc.seq, False, f"rejected: {exc}"[:1000]))
             return
         body = envelope.body
+        if not self.hub.admit(tenant, time.monotonic()):
+            # Over the tenant's request budget: dropped (a renewal comes again).
+            self.feed_stats["throttled_requests"] += 1
+            return
         if isinstance(body, Subscribe):
             self._subscribe(peer, tenant, body)
         elif isinstance(body, JobDeclaration):
@@ -512,11 +524,20 @@ class ControllerServer:
         # A resumed one gets what it missed, a queue's worth at a time: it asks
         # again for the rest, so a replay never overflows its own queue.
         chunk = min(self.cfg.feed.retention, max(1, self.cfg.feed.send_hwm // 2))
+        now = time.monotonic()
         for topic, after in result.replay:
+            newest = self.feed_seqs.get(topic, 0)
+            retained_from = newest - self.cfg.feed.retention + 1
+            wanted = min(chunk, newest - max(after, retained_from - 1))
+            allowed = self.hub.replay_allowance(tenant, wanted, now) if wanted > 0 else 0
+            if allowed < wanted:
+                self.feed_stats["replays_throttled"] += 1  # the client asks again
+            if allowed <= 0:
+                continue
             self.feed_stats["replays"] += 1
-            retained_from = self.feed_seqs.get(topic, 0) - self.cfg.feed.retention + 1
-            for _, frame in self.store.replay(topic, after, chunk, retained_from):
+            for _, frame in self.store.replay(topic, after, allowed, retained_from):
                 self._to_subscriber(sub, topic, frame)
+            self.feed_stats["replayed_messages"] += allowed
 
     async def _tick_loop(self) -> None:
         next_republish = time.monotonic() + self.cfg.feed.republish
@@ -646,6 +667,7 @@ class ControllerServer:
             auth=old.auth, metrics=old.metrics)
         self.cluster.missed_heartbeats = new.liveness.missed_heartbeats
         self.hub.renew = new.feed.renew
+        self.hub.budgets = _budgets(new)
         if new.redaction != old.redaction:
             self.redactor.cfg = new.redaction
             self.cluster.changed = True  # recompute what tenants see under the new rules

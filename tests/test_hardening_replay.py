@@ -1,0 +1,73 @@
+"""Resume requests cost what the tenant's budget allows, and never the agents' turn."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from controller.feed import TokenBucket
+from harmonaize import messages as m
+from harmonaize.messages import encode
+from tests.conftest import needs_root
+from tests.daemons import FakeAgent, curve_dealer, keyring, start_controller
+from tests.test_controller_feed import Sender, advice, place
+
+pytestmark = [pytest.mark.hardening, pytest.mark.controller]
+
+
+def test_a_token_bucket_grants_its_burst_then_its_rate() -> None:
+    bucket = TokenBucket(rate=10.0, burst=50.0)
+    assert bucket.take(40, 0.0) == 40
+    assert bucket.take(40, 0.0) == 10  # what is left of the burst
+    assert bucket.take(5, 0.0) == 0
+    assert bucket.take(100, 2.0) == 20  # 2 s at 10 a second
+    assert bucket.take(100, 1000.0) == 50  # never more than the burst saved up
+    assert bucket.take(1, 999.0) == 0  # time going backwards adds nothing
+
+
+@needs_root
+def test_a_thousand_resumes_from_zero_neither_stall_agents_nor_cost_unbounded(
+    spawn, workdir: Path
+) -> None:
+    controller = start_controller(spawn, workdir, extra="[liveness]\nmissed_heartbeats = 3\n")
+    place(controller, "job-a", "alpha", "h1")
+    ctx = zmq.Context()
+    stop = threading.Event()
+    try:
+        sender = Sender(FakeAgent(ctx, controller))
+        for i in range(500):
+            sender.send(advice("job-a", 0), wait=i % 50 == 49)
+        attacker = curve_dealer(ctx, controller, keyring(workdir).tenant("alpha"),
+                                controller.feed, {zmq.RCVHWM: 0})
+        request = encode(m.Subscribe(("job/alpha/",), (m.Position("job/alpha/job-a/", 0),),
+                                     epoch=1), sender="t")
+        beat = FakeAgent(ctx, controller, "h2")
+        assert beat.hello() == m.Ack(0)
+
+        def heartbeats() -> None:  # live hosts, beating once a second throughout
+            while not stop.wait(1.0):
+                beat.send(m.Heartbeat(uptime=1.0, last_seq=0))
+                sender.agent.send(m.Heartbeat(uptime=1.0, last_seq=500))
+
+        beater = threading.Thread(target=heartbeats)
+        beater.start()
+        began = time.monotonic()
+        for _ in range(1000):
+            attacker.send(request)
+        time.sleep(3.5)  # more than the liveness period: the host must stay up
+        elapsed = time.monotonic() - began
+        status = controller.request("status")
+        stop.set()
+        beater.join()
+        stats = status["feed_stats"]
+        assert stats["throttled_requests"] >= 800 and stats["replays_throttled"] >= 1
+        assert stats["replayed_messages"] <= 10_000 + 2000 * elapsed
+        assert status["protocol"].get("host_down", 0) == 0  # neither counted down
+        assert all(h["alive"] for h in controller.request("hosts"))
+    finally:
+        stop.set()
+        ctx.destroy(linger=0)
