@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
+import signal
 import stat
 import struct
 import subprocess
@@ -963,3 +964,30 @@ def test_table_matches_reference(lib, tmp_path_factory, policy, calls):
                                 given_channels)
                 assert table_bytes(out) == table_bytes(want)
                 assert channels == given_channels  # no capping NCCL in this process
+
+
+# ---- Files that shrink underneath (hardening). ----
+
+SHRINK = ROOT / "tests" / "bin" / "shrinking_files.py"
+
+
+@pytest.mark.hardening
+@pytest.mark.parametrize(("what", "size"), [("policy", 0), ("policy", 100), ("policy", 5000),
+                                            ("stats", 0), ("stats", 64)])
+def test_a_file_truncated_underneath_never_kills_the_rank(lib, workdir, what, size):
+    done = subprocess.run([sys.executable, str(SHRINK), str(workdir / "tuner"), what, str(size)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"rank died ({done.returncode}): {done.stderr[-2000:]}"
+    result = json.loads(done.stdout)
+    tree, ring = [Algo.TREE, Proto.SIMPLE], [Algo.RING, Proto.LL128]
+    # What the rank follows never changes because of the cut, and a new policy applies.
+    assert (result["before"], result["cut"], result["rechecked"]) == (tree, tree, tree)
+    assert result["republished"] == ring
+    assert result["stats_files"] == 1  # a cut stats file is replaced by a whole one
+
+
+@pytest.mark.hardening
+def test_a_fault_outside_the_plugin_still_takes_its_course(lib, workdir):
+    done = subprocess.run([sys.executable, str(SHRINK), str(workdir / "tuner"), "elsewhere",
+                           "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr[-2000:])

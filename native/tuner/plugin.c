@@ -53,6 +53,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,7 @@ enum hz_verdict { HZ_ACCEPT, HZ_DEFER, HZ_REFUSE };
 struct hz_stats_file {
   char path[PATH_MAX];
   uint8_t* map;
+  int guard; /* its entry in g_guard, or -1 */
   int fd; /* kept open: its shared lock tells the agent the process lives */
   int refs;
   pid_t pid;
@@ -155,6 +157,7 @@ struct hz_ctx {
   hz_logger_t log;
   dev_t map_dev;
   ino_t map_ino;
+  int map_guard; /* the policy mapping's entry in g_guard, or -1 */
   uint64_t history;
   uint64_t prev_history;
   uint64_t last_switch;
@@ -203,6 +206,94 @@ static int hz_nccl_version(hz_logger_t log) {
 
 static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct hz_stats_file g_stats[HZ_STATS_FILES];
+
+/* ---- Mappings that cannot fault ----
+ * A mapped file that shrinks underneath (truncated in place: root can, and the
+ * owner of a stats file) raises SIGBUS at the next touch of a page past its new
+ * end, which would kill the rank. A SIGBUS handler, installed with the first
+ * mapping, turns a fault inside one of our mappings into private zero-filled
+ * memory over the whole mapping, and marks it torn: reads see zeros (a policy
+ * copy that is invalid, so it changes nothing the rank follows), writes go
+ * nowhere, and the next index-tied recheck drops the mapping and maps the file
+ * anew (or a new stats file). The hot path pays nothing. A fault anywhere else
+ * goes to the handler there was before, or to the default action (the fault
+ * repeats with it restored). A program that installs its own SIGBUS handler
+ * after us, without chaining, loses this protection and nothing else. */
+#define HZ_GUARDED (2 * HZ_STATS_FILES + 64)
+struct hz_guard {
+  uintptr_t start; /* 0: free */
+  size_t len;
+  int prot;
+  int torn;
+};
+static struct hz_guard g_guard[HZ_GUARDED];
+static struct sigaction g_prev_bus;
+static pthread_once_t g_bus_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_guard_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void hz_on_sigbus(int sig, siginfo_t* si, void* uc) {
+  uintptr_t a = (uintptr_t)si->si_addr;
+  for (int i = 0; i < HZ_GUARDED; i++) {
+    uintptr_t s = __atomic_load_n(&g_guard[i].start, __ATOMIC_ACQUIRE);
+    size_t len = __atomic_load_n(&g_guard[i].len, __ATOMIC_RELAXED);
+    if (s == 0 || a < s || a >= s + len) continue;
+    int saved = errno;
+    void* m = mmap((void*)s, len, g_guard[i].prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    errno = saved;
+    if (m != MAP_FAILED) {
+      __atomic_store_n(&g_guard[i].torn, 1, __ATOMIC_RELEASE);
+      return; /* the faulting read or write is retried on the zeros */
+    }
+    break;
+  }
+  if ((g_prev_bus.sa_flags & SA_SIGINFO) && g_prev_bus.sa_sigaction != NULL) {
+    g_prev_bus.sa_sigaction(sig, si, uc);
+  } else if (!(g_prev_bus.sa_flags & SA_SIGINFO) && g_prev_bus.sa_handler != SIG_DFL &&
+             g_prev_bus.sa_handler != SIG_IGN) {
+    g_prev_bus.sa_handler(sig);
+  } else {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGBUS, &dfl, NULL); /* the fault repeats and takes its default course */
+  }
+}
+
+static void hz_bus_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = hz_on_sigbus;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, &g_prev_bus);
+}
+
+/* Registers a mapping for the handler; returns its entry (-1: none free, then a
+ * shrinking file could still fault, as without this). */
+static int hz_guard_add(const void* start, size_t len, int prot) {
+  pthread_once(&g_bus_once, hz_bus_install);
+  pthread_mutex_lock(&g_guard_lock);
+  int found = -1;
+  for (int i = 0; i < HZ_GUARDED && found < 0; i++) {
+    if (g_guard[i].start != 0) continue;
+    g_guard[i].len = len;
+    g_guard[i].prot = prot;
+    __atomic_store_n(&g_guard[i].torn, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_guard[i].start, (uintptr_t)start, __ATOMIC_RELEASE);
+    found = i;
+  }
+  pthread_mutex_unlock(&g_guard_lock);
+  return found;
+}
+
+static void hz_guard_drop(int i) {
+  if (i < 0) return;
+  __atomic_store_n(&g_guard[i].start, 0, __ATOMIC_RELEASE);
+}
+
+static int hz_guard_torn(int i) {
+  return i >= 0 && __atomic_load_n(&g_guard[i].torn, __ATOMIC_ACQUIRE);
+}
 static int g_nccl_version = -1;
 
 static inline void hz_store64(uint8_t* p, uint64_t v) {
@@ -267,6 +358,7 @@ static int hz_stats_create(struct hz_stats_file* f, const char* jobdir) {
     return 0;
   }
   f->map = map;
+  f->guard = hz_guard_add(map, HZS_TOTAL_SIZE, PROT_READ | PROT_WRITE);
   f->fd = fd;
   f->refs = 0;
   f->pid = getpid();
@@ -276,6 +368,7 @@ static int hz_stats_create(struct hz_stats_file* f, const char* jobdir) {
 static void hz_stats_release(struct hz_stats_file* f) {
   if (--f->refs > 0) return;
   /* Last context of the process in this job: the file describes nothing. */
+  hz_guard_drop(f->guard);
   munmap(f->map, HZS_TOTAL_SIZE);
   unlink(f->path);
   close(f->fd);
@@ -382,7 +475,11 @@ static void hz_stats_detach(struct hz_ctx* c) {
 /* ---- Policy mapping and validation ---- */
 
 static void hz_unmap(struct hz_ctx* c) {
-  if (c->map != NULL) munmap((void*)c->map, HZP_TOTAL_SIZE);
+  if (c->map != NULL) {
+    hz_guard_drop(c->map_guard);
+    munmap((void*)c->map, HZP_TOTAL_SIZE);
+  }
+  c->map_guard = -1;
   c->map = NULL;
   c->seq_known = 0;
 }
@@ -402,6 +499,7 @@ static void hz_map(struct hz_ctx* c) {
     if (m != MAP_FAILED) {
       hz_unmap(c);
       c->map = m;
+      c->map_guard = hz_guard_add(m, HZP_TOTAL_SIZE, PROT_READ);
       c->map_dev = st.st_dev;
       c->map_ino = st.st_ino;
     }
@@ -652,7 +750,9 @@ static void hz_stats_check(struct hz_ctx* c) {
   pthread_mutex_lock(&g_stats_lock);
   struct stat st;
   int gone = c->stats != NULL && c->stats->pid == getpid() &&
-             (c->stats->gone || (fstat(c->stats->fd, &st) == 0 && st.st_nlink == 0));
+             (c->stats->gone || hz_guard_torn(c->stats->guard) ||
+              (fstat(c->stats->fd, &st) == 0 &&
+               (st.st_nlink == 0 || st.st_size < (off_t)HZS_TOTAL_SIZE)));
   if (gone) c->stats->gone = 1;
   pthread_mutex_unlock(&g_stats_lock);
   if (gone) hz_stats_detach(c);
@@ -663,10 +763,14 @@ HZ_COLD static void hz_recheck(struct hz_ctx* c, uint64_t n) {
   if (c->slot == NULL && hz_stats_attach(c)) {
     hz_store64(c->slot + HZS_SLOT_OFF_COLLECTIVES, n);
   }
-  if (c->map != NULL) {
+  if (c->map != NULL && !hz_guard_torn(c->map_guard)) {
     struct stat st;
     if (stat(c->policy_path, &st) != 0 || (st.st_dev == c->map_dev && st.st_ino == c->map_ino))
       return; /* removed (the job is done here) or unchanged: keep what is mapped */
+  }
+  if (c->map != NULL && hz_guard_torn(c->map_guard)) {
+    hz_unmap(c); /* shrunk underneath: what it held stays held; map it again below */
+    hz_slot_publish(c);
   }
   const uint8_t* before = c->map;
   hz_map(c);
@@ -842,6 +946,7 @@ static struct hz_ctx* hz_open(uint64_t comm_id, size_t nRanks, size_t nNodes, hz
     HZ_LOG(log, HZ_LOG_WARN, HZ_NAME " tuner: out of memory; leaving NCCL's choices");
     return NULL;
   }
+  c->map_guard = -1;
   int len = snprintf(c->policy_path, sizeof c->policy_path, "%s/%s/policy", dir, job);
   int dlen = snprintf(c->dir, sizeof c->dir, "%s", dir);
   if (len < 0 || (size_t)len >= sizeof c->policy_path || dlen < 0 ||
