@@ -46,13 +46,23 @@ def load(cls: type[T], path: Path | None, *, default: Path) -> tuple[T, Path | N
             raise ConfigError(f"{source}: no such configuration file")
         return from_plain(cls, {}, ""), None
     try:
-        with source.open("rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+        raw = source.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    return parse(cls, data, source), source
+    return loads(cls, raw, source), source
+
+
+def loads(cls: type[T], raw: bytes, source: Path | str = "<config>") -> T:
+    """Parse a configuration file's bytes into ``cls``; raises only ConfigError."""
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+    return parse(cls, data, source)
 
 
 def parse(cls: type[T], data: dict, source: Path | str = "<config>") -> T:

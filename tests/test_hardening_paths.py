@@ -90,3 +90,11 @@ def test_the_agents_paths_and_endpoints(workdir: Path) -> None:
         line = said(run("agent.main", config))
         assert expected in line, (name, line)
     assert a_file.read_text() == "keep me\n" and a_dir.is_dir()
+
+
+def test_a_configuration_that_is_not_text(workdir: Path) -> None:
+    config = workdir / "agent.toml"
+    config.write_bytes(b'[agent]\nhost_id = "h\xff\xfe1"\n')
+    for module in ("agent.main", "controller.main"):
+        line = said(run(module, config))
+        assert line.endswith(f"{config}: not UTF-8 text (byte 22)"), line

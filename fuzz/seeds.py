@@ -1,0 +1,80 @@
+"""Writes the seed corpora under fuzz/corpus/: one valid input of every kind
+each target takes, for the fuzzer to start from. Run again when a format
+changes; the files are kept in the tree.
+
+    .venv/bin/python fuzz/seeds.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent.tuning.shm import Algo, Coll, CommEntry, Policy, Pref, Proto, Rule, encode_policy
+from harmonaize import messages as m
+from tests.test_wire import SAMPLES
+
+CORPUS = ROOT / "fuzz" / "corpus"
+
+
+def put(target: str, data: bytes) -> None:
+    directory = CORPUS / target
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / hashlib.sha1(data).hexdigest()).write_bytes(data)
+
+
+def main() -> None:
+    for body in SAMPLES:
+        put("wire", m.encode(body, sender="host-1", seq=7, now=1000.0))
+    for body in SAMPLES:
+        if body.KIND in m.TENANT_KINDS:
+            put("tenant", m.encode(body, sender="tenant", seq=3, now=1000.0))
+    put("tenant", m.encode(m.Subscribe(("job/acme/",), (m.Position("job/acme/j1/", 2),), 5),
+                           sender="t"))
+    for line in (
+        {"cmd": "status"}, {"cmd": "help"}, {"cmd": "hosts"}, {"cmd": "capacity"},
+        {"cmd": "jobs"}, {"cmd": "events", "args": {"limit": 5}}, {"cmd": "feed"},
+        {"cmd": "tenants"}, {"cmd": "pools"},
+        {"cmd": "place", "args": {"job": "j1", "tenant": "acme", "group": "acme-j1",
+                                  "members": [{"name": "0", "host": "h1"},
+                                              {"name": "1", "host": "h2"}]}},
+        {"cmd": "unplace", "args": {"job": "j1"}},
+    ):
+        put("operator_requests", json.dumps(line).encode() + b"\n")
+    for text in (
+        '[agent]\nhost_id = "h1"\nstate_dir = "/var/lib/harmonaize"\n'
+        '[socket]\npath = "/run/harmonaize/agent.sock"\ngroup = "harmonaize"\n'
+        '[controller]\nendpoint = "tcp://10.0.0.1:7400"\n',
+        '[controller]\nlisten = "tcp://*:7400"\nfeed = "tcp://*:7401"\n'
+        '[feed]\nretention = 100\nreplay_rate = 50.0\n[redaction]\nmin_hosts = 5\n'
+        'host_buckets = [0, 2, 4, 8]\n[tuning]\nlead = 2.0\n',
+        '[observers.links]\nenabled = false\n[observers.gpu]\ncall_timeout = 0.5\n'
+        '[validation]\nenabled = true\n[metrics]\nlisten = "127.0.0.1:9400"\n',
+    ):
+        put("configuration", text.encode())
+    rules = (
+        (Rule(frozenset({Coll.ALL_REDUCE}), 0, 1 << 20, (Pref(Algo.RING, Proto.LL128),)),
+         Rule(frozenset(), 0, 2**64 - 1, (Pref(Algo.TREE, Proto.SIMPLE),), max_channels=4)),
+        (Rule(prefs=(Pref(Algo.TREE, Proto.SIMPLE),)),),
+    )
+    comm = 0x0123456789ABCDEF
+    for held, new in (
+        (Policy(7, (CommEntry(comm, 0, None, 0, 1, False),), rules),
+         Policy(7, (CommEntry(comm, 100, 0, 1, 2, True),), rules)),
+        (Policy(7, (CommEntry(comm, 50, 0, 1, 3, False),), rules),
+         Policy(8, (CommEntry(comm, 50, 0, 1, 3, False),
+                    CommEntry(comm ^ 1, 9, None, 1, 1, False)), rules)),
+    ):
+        for flags in (3, 7 | (8 << 3)):
+            put("policy", struct.pack("<QQB", comm, 80, flags) + encode_policy(held)
+                + encode_policy(new))
+
+
+if __name__ == "__main__":
+    main()
