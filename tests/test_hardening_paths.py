@@ -97,4 +97,4 @@ def test_a_configuration_that_is_not_text(workdir: Path) -> None:
     config.write_bytes(b'[agent]\nhost_id = "h\xff\xfe1"\n')
     for module in ("agent.main", "controller.main"):
         line = said(run(module, config))
-        assert line.endswith(f"{config}: not UTF-8 text (byte 22)"), line
+        assert line.endswith(f"{config}: not UTF-8 text (byte 20)"), line
