@@ -26,10 +26,11 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/test_outbox.py"],
-    "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py"],
+    "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
+                                "tests/test_redaction_rules.py"],
     "controller/agreement.py": ["tests/test_tuning_agreement.py"],
     "harmonaize/messages.py": ["tests/test_wire.py"],
-    "agent/conditions.py": ["tests/test_health.py"],
+    "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py"],
 }
 #: What a scratch copy needs besides the tracked files.
