@@ -28,7 +28,7 @@ MODULES = {
     "agent/outbox.py": ["tests/test_outbox.py"],
     "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
                                 "tests/test_redaction_rules.py"],
-    "controller/agreement.py": ["tests/test_tuning_agreement.py"],
+    "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
     "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py"],

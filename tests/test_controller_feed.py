@@ -13,7 +13,7 @@ import zmq
 
 from harmonaize import messages as m
 from harmonaize.messages import decode, encode
-from harmonaize.tenant.client import FeedClient, RequestError
+from harmonaize.tenant.client import FeedClient, FeedError, RequestError
 from tests.conftest import needs_root
 from tests.daemons import (
     Controller,
@@ -131,15 +131,18 @@ def test_unknown_and_unauthenticated_peers_are_refused(spawn, workdir: Path,
     ring.tenant("alpha")
     stranger = ring.tenant("mallory", allowed=False)
     with FeedClient(controller.feed, ["pool/"], key=stranger.key,
-                    server_key=stranger.server_key) as feed:
-        assert feed.recv(timeout=1.5) is None and feed.tenant is None
+                    server_key=stranger.server_key) as feed, \
+            pytest.raises(FeedError, match="refused this key"):
+        feed.recv(timeout=5.0)  # said, not a silent wait
+    assert feed.tenant is None
     with FeedClient(controller.feed, ["pool/"]) as plain:  # no CurveZMQ at all
         assert plain.recv(timeout=1.0) is None and plain.tenant is None
     # Keys only open their own door: an agent's key is no tenant, a tenant's no agent.
     host_creds = ring.agent("h1")
     with FeedClient(controller.feed, ["pool/"], key=host_creds.key,
-                    server_key=host_creds.server_key) as wrong_door:
-        assert wrong_door.recv(timeout=1.0) is None
+                    server_key=host_creds.server_key) as wrong_door, \
+            pytest.raises(FeedError, match="refused this key"):
+        wrong_door.recv(timeout=5.0)
     tenant_as_agent = curve_dealer(ctx, controller, ring.tenant("alpha"))
     tenant_as_agent.send(encode(m.Hello(pool="p", gpu_class="H200", gpus=8, version="t",
                                         epoch=1, acked=0, heartbeat=1.0), sender="alpha"))

@@ -51,7 +51,7 @@ def test_an_empty_or_corrupt_database_stops_the_start_in_one_line(
                                  capture_output=True, text=True, timeout=60)
         assert refused.returncode != 0
         (line,) = refused.stderr.strip().splitlines()
-        assert line.startswith(f"harmonaize-controller: {db}: {why}"), line
+        assert line.startswith(f"harmonaize-controller: controller.database: {db}: {why}"), line
         assert "--initialise" in line
         assert db.read_bytes() == content  # left for the operator to look at
     damage(db, b"")

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.ops
 
 #: Every label the daemons may use: small fixed sets, never a host, job, flow or GPU.
 ALLOWED_LABELS = {"observer", "state", "hook", "health", "type", "reason", "outcome",
-                  "collector", "version", "pool", "gpu_class"}
+                  "collector", "version", "pool", "gpu_class",
+                  "port"}  # the controller's two ports: agents, feed
 
 
 def parse_text(text: str) -> dict[str, object]:

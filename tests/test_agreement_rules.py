@@ -1,0 +1,205 @@
+"""The agreement's durable state, status and deadlines to the letter (what mutation
+testing found unpinned): a restart must bring back exactly what was, and operators
+must see exactly where a change stands."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.agreement import Agreement, AgreementSettings
+from harmonaize.messages import AckPhase, TuningAck, TuningReport, TuningStatus
+from tests.test_tuning_agreement import (
+    COMM,
+    FP,
+    JOB,
+    ack,
+    agreement,
+    comm,
+    congested_two_hosts,
+)
+
+pytestmark = [pytest.mark.tuning, pytest.mark.hardening]
+
+
+def committed_once(a: Agreement) -> None:
+    congested_two_hosts(a)
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.1)
+    ack(a, "h2", 1, AckPhase.ARMED, comm(1210), now=1.1)
+    a.step(1.1)
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=1.2)
+    ack(a, "h2", 1, AckPhase.RESOLVED, now=1.2)
+    a.step(1.2)
+
+
+def test_status_through_arming_confirming_and_idle() -> None:
+    a = agreement()
+    assert a.status("nobody", 0.0) == {}
+    arm = congested_two_hosts(a)
+    (activation,) = arm.activations
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.1)
+    status = a.status(JOB, 1.1)
+    assert status["phase"] == "arming"
+    assert (status["choice"], status["decision"], status["severity"]) == ("default", 1, 2)
+    assert status["in_flight"] == {
+        "number": 1, "choice": "severe", "acks": {"h1": "armed"}, "waiting_for": ["h2"],
+        "reason": "", "activations": [[f"{COMM:#x}", activation.at]]}
+    assert status["health"] == "steady" and status["diverged"] == {}
+    assert status["committed"] == {}
+    assert status["reports"]["h1"] == {"want": "severe", "severity": 2, "received": 1.1,
+                                       "communicators": 1}
+    ack(a, "h2", 1, AckPhase.ARMED, comm(1210), now=1.2)
+    a.step(1.2)
+    confirming = a.status(JOB, 1.2)
+    assert confirming["phase"] == "confirming"
+    assert confirming["in_flight"]["acks"] == {}  # outcome acks start afresh
+    assert confirming["in_flight"]["waiting_for"] == ["h1", "h2"]
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=1.3)
+    ack(a, "h2", 1, AckPhase.RESOLVED, now=1.3)
+    a.step(1.3)
+    idle = a.status(JOB, 1.3)
+    assert (idle["phase"], idle["in_flight"], idle["choice"], idle["severity"]) == (
+        "idle", None, "severe", 2)
+    assert idle["committed"] == {f"{COMM:#x}": {"choice": "severe", "at": activation.at}}
+
+
+def test_a_cancellation_reads_as_cancelling() -> None:
+    a = agreement()
+    congested_two_hosts(a)
+    ack(a, "h1", 1, AckPhase.REFUSED, comm(1010), now=1.1, reason="too late")
+    a.step(1.1)
+    status = a.status(JOB, 1.1)
+    assert status["phase"] == "cancelling"
+    assert status["in_flight"]["reason"] == "host h1 refused: too late"
+
+
+def test_a_snapshot_restores_to_exactly_the_same_state() -> None:
+    a = agreement()
+    committed_once(a)
+    before = a.snapshot(JOB)
+    assert before is not None
+    assert (before["number"], before["choice"], before["severity"], before["fingerprint"],
+            before["withdrawn"], before["decision"]) == (1, "severe", 2, FP, False, None)
+    b = Agreement(AgreementSettings())
+    b.restore(JOB, before, 50.0)
+    assert b.snapshot(JOB) == before
+    assert b.take_dirty() == ([JOB], [])  # a restored job is saved again
+    assert b.take_dirty() == ([], [])
+    assert b.health(JOB, 50.0) == ("severe", TuningStatus.STEADY)
+    a.withdraw(JOB)
+    withdrawn = a.snapshot(JOB)
+    c = Agreement(AgreementSettings())
+    c.restore(JOB, withdrawn, 50.0)
+    assert c.snapshot(JOB)["withdrawn"] is True
+
+
+def test_an_empty_or_partial_state_restores_to_the_defaults() -> None:
+    a = Agreement(AgreementSettings())
+    a.restore(JOB, {}, 5.0)
+    assert a.snapshot(JOB) == {"number": 0, "choice": "default", "severity": 0,
+                               "fingerprint": "", "withdrawn": False, "committed": [],
+                               "decision": None}
+    a.restore("other", {"number": 3, "decision": {
+        "number": 3, "choice": "severe", "activations": [[COMM, 900]], "hosts": ["h1"],
+        "commit": True}}, 5.0)
+    decision = a.snapshot("other")["decision"]
+    assert decision == {"number": 3, "choice": "severe", "activations": [[COMM, 900]],
+                        "hosts": ["h1"], "commit": True, "acks": {}}
+
+
+def test_a_restart_keeps_only_outcome_acks_and_cancels_an_arm() -> None:
+    a = Agreement(AgreementSettings())
+    a.restore(JOB, {"number": 4, "decision": {
+        "number": 4, "choice": "severe", "activations": [[COMM, 900]], "hosts": ["h1", "h2"],
+        "commit": True, "acks": {"h1": "resolved", "h2": "armed"}}}, 5.0)
+    assert a.snapshot(JOB)["decision"]["acks"] == {"h1": "resolved"}
+    assert a.status(JOB, 5.0)["in_flight"]["waiting_for"] == ["h2"]
+    a.restore("armed", {"number": 2, "decision": {
+        "number": 2, "choice": "severe", "activations": [[COMM, 900]], "hosts": ["h1"],
+        "commit": None, "acks": {"h1": "armed"}}}, 7.0)
+    status = a.status("armed", 7.0)
+    assert status["phase"] == "cancelling"
+    assert status["in_flight"]["reason"] == "the controller restarted while arming"
+    assert status["in_flight"]["acks"] == {}
+    # The restored change counts from the restart for its lead.
+    assert a.health("armed", 7.0 + 0.5) == ("default", TuningStatus.STEADY)
+    assert a.health("armed", 7.0 + 2.0) == ("default", TuningStatus.PAUSED)
+
+
+def test_deadlines_follow_the_phase() -> None:
+    a = agreement(arm_timeout=1.0, resend=0.5)
+    assert a.next_deadline(0.0) is None
+    congested_two_hosts(a, now=1.0)
+    assert a.next_deadline(1.2) == pytest.approx(1.7)  # resend comes before the timeout
+    assert a.next_deadline(1.8) == pytest.approx(2.0)  # the arm timeout
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.1)
+    ack(a, "h2", 1, AckPhase.ARMED, comm(1210), now=1.1)
+    a.step(1.1)
+    assert a.next_deadline(3.0) == pytest.approx(3.5)  # confirming: resends only
+
+
+def test_a_silent_host_reads_as_paused_only_past_the_lead() -> None:
+    a = agreement(lead=1.0)
+    congested_two_hosts(a, now=1.0)
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.1)
+    assert a.health(JOB, 1.9) == ("default", TuningStatus.STEADY)
+    assert a.health(JOB, 2.0) == ("default", TuningStatus.PAUSED)
+    ack(a, "h2", 1, AckPhase.ARMED, comm(1210), now=2.1)
+    a.step(2.1)
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=2.2)
+    # Confirming, h2 has not said it heard the outcome: its ranks may be waiting.
+    assert a.health(JOB, 2.2) == ("default", TuningStatus.PAUSED)
+    ack(a, "h2", 1, AckPhase.RESOLVED, now=2.3)
+    a.step(2.3)
+    assert a.health(JOB, 2.3) == ("severe", TuningStatus.STEADY)
+
+
+def test_answers_count_only_in_their_phase_and_refresh_the_hosts_report() -> None:
+    a = agreement()
+    arm = congested_two_hosts(a)
+    assert arm.job == JOB
+    a.ack("h1", TuningAck("nobody", 1, AckPhase.ARMED, "", ()), 1.1)  # a stranger's: nothing
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=1.1)  # an outcome ack while arming: not counted
+    assert a.status(JOB, 1.1)["in_flight"]["acks"] == {}
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.15)
+    assert a.status(JOB, 1.15)["reports"]["h1"]["received"] == 1.15  # its ranks, as of now
+    ack(a, "h2", 1, AckPhase.ARMED, comm(1210), now=1.2)
+    a.step(1.2)
+    a.take_dirty()
+    ack(a, "h1", 1, AckPhase.ARMED, now=1.3)  # an arm ack while confirming: not counted
+    assert a.status(JOB, 1.3)["in_flight"]["acks"] == {}
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=1.3)
+    assert a.take_dirty() == ([JOB], [])  # who heard the outcome is durable at once
+    assert a.status(JOB, 1.3)["in_flight"]["acks"] == {"h1": "resolved"}
+
+
+def test_hosts_leaving_a_job_and_hosts_forgotten() -> None:
+    a = agreement()
+    congested_two_hosts(a)
+    ack(a, "h1", 1, AckPhase.ARMED, comm(1010), now=1.1)
+    a.set_hosts(JOB, {"h1", "h2", "h3"})  # while arming, the decision's hosts stay
+    assert a.status(JOB, 1.1)["in_flight"]["waiting_for"] == ["h2"]
+    ack(a, "h2", 1, AckPhase.ARMED, comm(1210), now=1.2)
+    a.step(1.2)
+    a.set_hosts(JOB, {"h1"})  # h2 left the job while its outcome was out
+    assert a.status(JOB, 1.2)["in_flight"]["waiting_for"] == ["h1"]
+    assert sorted(a.status(JOB, 1.2)["reports"]) == ["h1"]
+    other = "job-2"
+    a.set_hosts(other, None)  # no placement known: every host's report counts
+    a.report("h9", TuningReport(other, FP, "default", 0, ()), 1.3)
+    a.report("h1", TuningReport(other, FP, "default", 0, ()), 1.3)
+    a.forget_host("h1")
+    assert sorted(a.status(other, 1.3)["reports"]) == ["h9"]
+    assert a.status(JOB, 1.3)["reports"] == {}
+    a.forget("never-known")  # nothing to forget: no error
+    a.reconnected("h-unknown")
+
+
+def test_every_job_is_stepped() -> None:
+    a = agreement()
+    a.set_hosts("job-2", {"h1", "h2"})
+    for job in (JOB, "job-2"):
+        a.report("h1", TuningReport(job, FP, "severe", 2, (comm(1000),)), 1.0)
+        a.report("h2", TuningReport(job, FP, "default", 0, (comm(1200),)), 1.0)
+    out = a.step(1.0)
+    assert sorted({(host, message.job) for host, message in out}) == [  # type: ignore[attr-defined]
+        ("h1", JOB), ("h1", "job-2"), ("h2", JOB), ("h2", "job-2")]
