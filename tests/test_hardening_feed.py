@@ -13,18 +13,10 @@ import zmq
 from harmonaize import messages as m
 from tests.conftest import needs_root, python
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed
-from tests.test_controller_feed import Sender, advice, drain, place
+from tests.test_controller_feed import FAST_RENEW, Sender, advice, ctx, drain, place
 
 pytestmark = [pytest.mark.hardening, pytest.mark.controller, needs_root]
-
-FAST_RENEW = "[feed]\nrenew = 1\n"
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
+__all__ = ["ctx"]  # the fixture, shared with the feed's other tests
 
 
 def ports_of(controller: Controller) -> tuple[int, int]:
