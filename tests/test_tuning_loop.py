@@ -612,3 +612,64 @@ def test_an_outcome_heard_before_the_declaration_resolves_the_file(commit) -> No
     assert agree(host) and all(r.n == 3500 for r in host.ranks[COMM])
     other = TuningResolve(JOB, 1, commit, (Activation(wire_comm(COMM), 1999),))
     assert resolved_policy(host.policy, other) is None  # not this entry's switch
+
+
+# --- what mutation testing found unpinned ---------------------------------------------
+
+
+def test_an_arm_for_a_job_or_communicator_this_host_does_not_have() -> None:
+    host = Host()
+    host.sent.clear()
+    stranger = TuningArm("job-unknown", 1, "severe", DERIVED.fingerprint,
+                         (Activation(wire_comm(COMM), 2000),))
+    host.run(host.loop.arm(stranger, 1.0), 1.0)
+    (ack,) = host.sent
+    assert (ack.job, ack.decision, ack.phase, ack.reason) == (
+        "job-unknown", 1, AckPhase.REFUSED, "no declaration for the job on this host")
+    host.sent.clear()
+    host.run(host.loop.resolve(TuningResolve("job-unknown", 1, True, ()), 1.0), 1.0)
+    (outcome,) = host.sent
+    assert (outcome.phase, outcome.reason) == (AckPhase.RESOLVED,
+                                               "no declaration for the job on this host")
+    # A communicator with no rank here is skipped; the ones here are armed.
+    multi = multi_host()
+    multi.sent.clear()
+    both = TuningArm(JOB, 1, "severe", DERIVED.fingerprint,
+                     (Activation(12345, 2000), Activation(wire_comm(COMM), 2000)))
+    multi.run(multi.loop.arm(both, 1.0), 1.0)
+    (armed,) = [m for m in multi.sent if isinstance(m, TuningAck)]
+    assert armed.phase is AckPhase.ARMED
+    assert multi.entry().pending and multi.entry().at == 2000
+    assert set(multi.job.entries) == {COMM}
+
+
+def test_an_older_decision_goes_unanswered_and_a_withdrawn_job_arms_only_the_way_back() -> None:
+    host = multi_host()
+    assert arm(host, decision=2).phase is AckPhase.ARMED
+    resolve(host, True, decision=2)
+    host.advance(2500)  # every rank past that switch
+    host.step(FULL, 2.5)  # and the loop has read them there
+    host.sent.clear()
+    old = TuningArm(JOB, 1, "severe", DERIVED.fingerprint, (Activation(wire_comm(COMM), 9000),))
+    host.run(host.loop.arm(old, 3.0), 3.0)
+    assert host.sent == []  # superseded: nothing to say
+    host.run(host.loop.withdraw(JOB, 4.0), 4.0)
+    refused = arm(host, decision=3, at=4000)
+    assert (refused.phase, refused.reason) == (AckPhase.REFUSED, "declaration withdrawn here")
+    assert arm(host, decision=4, at=4000, choice="default").phase is AckPhase.ARMED
+
+
+def test_every_declared_job_is_stepped() -> None:
+    first = Host()
+    first.declare()
+    other = dataclasses.replace(DECLARATION, job="job-2")
+    loop = first.loop
+    first.run(loop.declare(other, 0.0), 0.0)
+    loop.file("job-2", FILE)
+    first.add(2)
+    second_ranks = [ReferenceContext(), ReferenceContext()]
+    slots = {JOB: first.slots(),
+             "job-2": [r.slot(200 + i, 0xB0B, 2, 1, FILE) for i, r in enumerate(second_ranks)]}
+    actions = loop.step([FULL], slots, 0.0)
+    written = {a.job for a in actions if isinstance(a, WritePolicy)}
+    assert written == {JOB, "job-2"}
