@@ -39,13 +39,14 @@ from harmonaize.messages import (
     JobDeclaration,
     Message,
     Protocol,
+    SwitchState,
     TuningAck,
     TuningArm,
     TuningRange,
     TuningReport,
     TuningResolve,
 )
-from harmonaize.switches import disagreement
+from harmonaize.switches import WIRE_MASK, disagreement
 from tests.test_tuning_policies import declarations
 
 pytestmark = pytest.mark.tuning
@@ -673,3 +674,33 @@ def test_every_declared_job_is_stepped() -> None:
     actions = loop.step([FULL], slots, 0.0)
     written = {a.job for a in actions if isinstance(a, WritePolicy)}
     assert written == {JOB, "job-2"}
+
+
+def test_a_hosts_report_says_exactly_where_its_ranks_stand() -> None:
+    host = multi_host()
+    arm(host)
+    host.advance(3000)  # both ranks reach the armed point and wait there
+    host.sent.clear()
+    host.step(FULL, 1.5)
+    (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
+    (waiting,) = report.comms
+    assert (waiting.comm, waiting.n_ranks, waiting.n_nodes, waiting.ranks) == (
+        wire_comm(COMM), 4, 2, 2)
+    assert (waiting.collectives_min, waiting.collectives_max) == (2000, 2000)
+    assert (waiting.choice, waiting.at, waiting.pending) == ("severe", 2000, True)
+    assert (waiting.refused, waiting.diverged) == (0, False)
+    assert waiting.per_second > 0
+    resolve(host, True)
+    host.advance(100, rank=0)  # one rank on, the other still where it was
+    host.sent.clear()
+    host.step(FULL, 3.0)
+    (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
+    (after,) = report.comms
+    assert (after.collectives_min, after.collectives_max, after.pending, after.waiting) == (
+        2000, 2100, False, 0)
+    ahead, behind = (record_of(s) for s in sorted(host.slots(), key=lambda s: -s.collectives))
+    assert after.ahead == SwitchState(ahead.switches, ahead.history & WIRE_MASK,
+                                      ahead.prev_history & WIRE_MASK, ahead.last_switch,
+                                      ahead.collectives)
+    assert after.ahead.switches == 1 and after.ahead.last_switch == 2000
+    assert after.behind.collectives == behind.collectives == 2000
