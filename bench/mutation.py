@@ -25,7 +25,7 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
-    "agent/outbox.py": ["tests/test_outbox.py"],
+    "agent/outbox.py": ["tests/test_outbox.py", "tests/test_outbox_rules.py"],
     "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
                                 "tests/test_redaction_rules.py"],
     "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
