@@ -22,6 +22,7 @@ The last line is ``fuzz N crashes``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -66,8 +67,11 @@ def run(target: str, runs: int, seconds: int, scratch: Path) -> tuple[int, int, 
     argv = [*command(target), f"-runs={runs}", f"-max_total_time={seconds}", "-timeout=10",
             "-rss_limit_mb=4096", "-print_final_stats=1", f"-artifact_prefix={crashes}/",
             str(work), str(CORPUS / target)]
+    state = scratch / f"{target}-state"  # what a target keeps (the admin target's database)
+    state.mkdir(exist_ok=True)
     began = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                          env={**os.environ, "HZ_FUZZ_STATE": str(state)})
     took = time.monotonic() - began
     output = done.stdout + done.stderr
     found = [p for p in crashes.iterdir() if p not in before]

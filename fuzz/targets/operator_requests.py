@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -17,7 +18,8 @@ with atheris.instrument_imports(include=OURS):
     from harmonaize.opsocket import Access
 
 logging.disable(logging.CRITICAL)  # refusals are logged: not findings
-STATE = Path(tempfile.mkdtemp(prefix="hz-fuzz-operator-", dir="/dev/shm"))
+#: The controller's database lives where the campaign says (it removes it afterwards).
+STATE = Path(os.environ.get("HZ_FUZZ_STATE") or tempfile.mkdtemp(prefix="hz-fuzz-operator-"))
 CFG = parse(ControllerConfig, {
     "controller": {"database": str(STATE / "controller.db"),
                    "admin_socket": str(STATE / "controller.sock"), "admin_group": ""},
