@@ -26,6 +26,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
+from harmonaize.schema import SchemaError, check_depth
+
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
@@ -246,8 +248,12 @@ class OperatorSocket:
             self.stats.errors += 1
             return {"ok": False, "error": f"malformed request: not JSON ({exc})"}
         except RecursionError:
-            request = None  # nested past the parser's own limit: answered below
-        if request is None or _too_deep(request):
+            request = None  # nested past the parser's own limit
+        try:
+            if request is None:
+                raise SchemaError("request")
+            check_depth(request, "request", MAX_DEPTH)
+        except SchemaError:
             self.stats.errors += 1
             return {"ok": False, "error": f"malformed request: nested deeper than {MAX_DEPTH}"}
         if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
@@ -277,19 +283,6 @@ class OperatorSocket:
             log.exception("operator command %s failed", name)
             return {"ok": False, "error": f"internal error in {name!r}: {exc}"}
         return {"ok": True, "result": result}
-
-
-def _too_deep(value: Any) -> bool:
-    """Whether a parsed request nests deeper than MAX_DEPTH (without recursing)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > MAX_DEPTH:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 async def _reply(writer: asyncio.StreamWriter, payload: dict[str, Any]) -> None:
