@@ -62,6 +62,9 @@ from harmonaize.schema import Num
 from harmonaize.switches import Record, disagreement
 
 DEFAULT_CHOICE = "default"
+#: The choices a declaration can give, by severity (agent/tuning/policies derives
+#: these names): the only names that may become a job's choice, which its tenant sees.
+CHOICES = {DEFAULT_CHOICE: 0, "congested": 1, "severe": 2}
 MAX_ACTIVATIONS = 32
 MAX_AT = 2**62
 #: After a cancelled change, the next arm waits this long, doubling up to the maximum.
@@ -221,11 +224,21 @@ class Agreement:
                 # A host that left the job has no ranks of it to resolve.
                 job.decision.hosts &= job.hosts
 
-    def report(self, host: str, report: TuningReport, now: float) -> None:
+    def report(self, host: str, report: TuningReport, now: float) -> bool:
+        """Take a host's report; False if it is refused (then it counts for nothing).
+
+        A wish that names no choice a declaration can give (or gives a severity that
+        is not that choice's) is refused: the choice in force is what the job's tenant
+        is told, so it must be one of the controller's own names, never a host's word.
+        """
         job = self._job(report.job)
         if job.hosts is not None and host not in job.hosts:
-            return  # not (or no longer) one of the job's hosts
+            return False  # not (or no longer) one of the job's hosts
+        if CHOICES.get(report.want) != report.severity:
+            self.counters["refused_reports"] += 1
+            return False
         job.reports[host] = _Report(report, now)
+        return True
 
     def ack(self, host: str, ack: TuningAck, now: float) -> None:
         job = self._jobs.get(ack.job)

@@ -397,7 +397,10 @@ class ControllerServer:
                 self.feed_stats["foreign_tuning_messages"] += 1
                 continue
             if isinstance(body, TuningReport):
-                self.agreement.report(host_id, body, now)
+                if not self.agreement.report(host_id, body, now):
+                    log.warning("host %s: tuning report for job %r refused (wish %r at "
+                                "severity %d is no choice a declaration gives)", host_id,
+                                body.job, body.want, body.severity)
             else:
                 self.agreement.ack(host_id, body, now)
         hellos, self.cluster.hellos = self.cluster.hellos, []

@@ -331,3 +331,14 @@ def test_without_communicators_the_choice_is_simply_recorded() -> None:
     assert a.step(1.0) == []
     status = a.status(JOB, 1.0)
     assert (status["choice"], status["severity"], status["phase"]) == ("severe", 2, "idle")
+
+
+def test_a_wish_that_names_no_declared_choice_is_refused() -> None:
+    """The choice in force reaches the tenant: it must be the controller's own name."""
+    a = agreement()
+    assert a.report("h1", TuningReport(JOB, FP, "h2.internal", 2, (comm(1000),)), 1.0) is False
+    assert a.report("h1", TuningReport(JOB, FP, "congested", 2, (comm(1000),)), 1.0) is False
+    assert a.report("h2", TuningReport(JOB, FP, "default", 0, (comm(1200),)), 1.0) is True
+    assert a.step(1.0) == []  # h1 said nothing usable: no change
+    assert a.counters["refused_reports"] == 2
+    assert a.health(JOB, 1.0) == ("default", TuningStatus.STEADY)
