@@ -31,7 +31,7 @@ MODULES = {
     "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
     "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
-    "agent/tuning/loop.py": ["tests/test_tuning_loop.py"],
+    "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]

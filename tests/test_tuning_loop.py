@@ -29,7 +29,7 @@ from agent.tuning.loop import (
     resolved_policy,
     wire_comm,
 )
-from agent.tuning.policies import derive
+from agent.tuning.policies import CHOICE_NAMES, derive
 from agent.tuning.shm import Policy, ReferenceContext, StatsSlot, ruleset_hash
 from harmonaize.messages import (
     AckPhase,
@@ -67,6 +67,8 @@ def link(utilization: float, name: str = "eth0", link_class: str = "data") -> Li
 
 
 CALM, BUSY, FULL = link(0.1), link(0.7), link(0.95)
+HISTORY_KINDS = {"declared", "adopted", "withdrawn", "local", "armed", "confirmed",
+                 "cancelled", "refused", "diverged"}
 
 
 class Host:
@@ -108,6 +110,9 @@ class Host:
 
     def run(self, actions: Sequence[Action], now: float) -> None:
         for action in actions:
+            assert isinstance(action, WritePolicy | Publish | Retire), action
+            if isinstance(action, WritePolicy | Retire):
+                assert action.job in (self.name, *self.loop.jobs), action.job
             if isinstance(action, WritePolicy):
                 self.policy = build_policy(action.entries, self.writes + 1)
                 self.writes += 1
@@ -123,6 +128,11 @@ class Host:
             for hook in hooks:
                 hook()  # type: ignore[operator]
             self.run(self.loop.confirm({self.name: self.slots()}, now), now)
+        for job in self.loop.jobs.values():
+            for change in job.history:  # what operators read is always whole
+                assert isinstance(change.time, float | int), change
+                assert change.kind in HISTORY_KINDS and change.reason, change
+                assert {change.before, change.after} <= {*CHOICE_NAMES, "previous"}, change
 
     def advance(self, count: int, comm: int = COMM, rank: int | None = None) -> None:
         for i, r in enumerate(self.ranks[comm]):

@@ -84,7 +84,7 @@ from harmonaize.switches import WIRE_MASK, Record, disagreement, merge
 RATE_WINDOW = 8
 HISTORY = 64
 MAX_STEP_GAP = 10.0  # seconds of one step that count towards a job's experience
-#: A rank this many collectives (or fewer) below a switching point is too close to
+#: A rank fewer than this many collectives below a switching point is too close to
 #: arm it: its next call may already have read the policy's sequence number.
 GUARD = 2
 #: The label of rules no current choice has (a previous agent's, or an older revision's).
@@ -174,13 +174,13 @@ def build_policy(entries: Iterable[Entry], policy_id: int) -> Policy:
                 indexes.append(None)  # NCCL's own choice: no ruleset needed
                 continue
             if rules not in sets:
+                if len(sets) == MAX_RULESETS:
+                    raise ValueError(f"more than {MAX_RULESETS} distinct rule sets: more "
+                                     "than a policy holds")
                 sets.append(rules)
             indexes.append(sets.index(rules))
         comms.append(CommEntry(entry.comm_id, entry.at, indexes[0], indexes[1],
                                entry.revision, entry.pending))
-    if len(sets) > MAX_RULESETS:
-        raise ValueError(f"{len(sets)} distinct rule sets exceed the {MAX_RULESETS} a policy "
-                         "holds")
     return Policy(policy_id, tuple(comms), tuple(sets))
 
 
@@ -400,7 +400,9 @@ class TuningLoop:
                                          self._label(job, after), before, after,
                                          held.revision, held.pending)
             rebuilt.append(comm_id)
-        for comm_id in job.entries:
+        # Orphans too: a communicator gone before the next pass is forgotten after
+        # ``stall`` like any other, not remembered as an orphan for ever.
+        for comm_id in (*job.entries, *job.orphaned):
             job.comms.setdefault(comm_id, CommState(comm_id, seen_at=now))
         labels = {e.after for e in job.entries.values()}
         if len(labels) == 1 and (label := labels.pop()) in CHOICE_NAMES:
@@ -434,7 +436,7 @@ class TuningLoop:
             raise ValueError(f"no declaration for job {job_name}")
         job.retiring = True
         self._record(job, now, "withdrawn", (job.choice, DEFAULT), "declaration withdrawn")
-        return self._retire_step(job_name, job, now)
+        return self._retire_step(job_name, job)
 
     # --- the controller's two phases -------------------------------------------------
 
@@ -614,12 +616,12 @@ class TuningLoop:
             job = self.jobs[name]
             self._observe(job, stats.get(name, ()), raw, retransmitting, now)
             if job.retiring and not job.multi:
-                actions += self._retire_step(name, job, now)
+                actions += self._retire_step(name, job)
                 continue
             if job.multi:
                 actions += self._multi_step(job, now)
                 if job.retiring:
-                    actions += self._retire_step(name, job, now)
+                    actions += self._retire_step(name, job)
                     continue
             elif job.derivation.tunable or any(e.switches for e in job.entries.values()):
                 self._single_step(job, now)
@@ -639,7 +641,7 @@ class TuningLoop:
             if job.multi:
                 continue
             job.choice = DEFAULT
-            self._converge(job, now)
+            self._converge(job)
             if job.arming:
                 actions.append(WritePolicy(name, tuple(job.entries.values())))
         return actions
@@ -772,7 +774,7 @@ class TuningLoop:
         return dataclasses.replace(entry, revision=entry.revision + 1, pending=False,
                                    after=entry.before, after_rules=entry.before_rules)
 
-    def _converge(self, job: JobState, now: float) -> None:
+    def _converge(self, job: JobState) -> None:
         """Arm every communicator with ranks here whose rules differ from the choice
         in force, where that is safe now; the others wait (and say why)."""
         choice = job.derivation.get(job.choice)
@@ -811,13 +813,13 @@ class TuningLoop:
                 job.changes.append(now)
                 onset = (self._rise_step.get(severity_of(desired)) if desired != DEFAULT
                          else self.steps)
-                self._converge(job, now)
+                self._converge(job)
                 self._record(job, now, "local", (previous, desired), job.reason,
                              onset_step=onset,
                              activations=tuple(sorted(job.arming.items())))
                 job.waiting = self._waits(job)
                 return
-        self._converge(job, now)
+        self._converge(job)
         job.waiting = limited or self._waits(job)
 
     @staticmethod
@@ -831,8 +833,7 @@ class TuningLoop:
         job.waiting = "" if desired == job.choice else (
             f"wants {desired}: waiting for the controller to agree it with the other hosts")
         comms = self._reports(job)
-        state = (desired, tuple(dataclasses.replace(c, collectives_min=0, collectives_max=0,
-                                                    per_second=0.0) for c in comms))
+        state = (desired, tuple(_news(c) for c in comms))
         if state == job.last_report and now - job.report_at < self.settings.report_interval:
             return []
         job.last_report, job.report_at = state, now
@@ -873,12 +874,12 @@ class TuningLoop:
     def _last_now(job: JobState) -> float:
         return job.last_step if job.last_step is not None else job.since
 
-    def _retire_step(self, name: str, job: JobState, now: float) -> list[Action]:
+    def _retire_step(self, name: str, job: JobState) -> list[Action]:
         live = [c for c in job.comms.values() if c.slots]
         if not job.multi:
             # One host: its communicators step back to NCCL's own choice first.
             job.choice = DEFAULT
-            self._converge(job, now)
+            self._converge(job)
             unsettled = [c for c in live if (e := job.entries.get(c.comm_id)) is not None
                          and (e.after_rules or e.pending
                               or (e.switches and not c.passed(e.at)))]
@@ -910,6 +911,15 @@ class TuningLoop:
         return sum(1 for c in job.comms.values()
                    if (e := job.entries.get(c.comm_id)) is not None
                    and (e.pending or (e.switches and c.slots and not c.passed(e.at))))
+
+
+def _news(report: CommReport) -> tuple[object, ...]:
+    """What of a communicator's report is news: everything but progress (how far its
+    ranks got, and how fast), which is sent every report interval anyway."""
+    return (report.comm, report.n_ranks, report.n_nodes, report.ranks, report.choice,
+            report.at, report.pending, report.waiting, report.refused, report.diverged,
+            *((state.switches, state.history, state.prev_history, state.last_switch)
+              for state in (report.ahead, report.behind)))
 
 
 def _switch_state(record: Record) -> SwitchState:
