@@ -386,7 +386,8 @@ def test_shutdown_returns_single_host_communicators_to_nccl() -> None:
 def restarted(old: Host, *, policy: Policy | None) -> Host:
     new = Host()
     new.ranks, new.sizes, new.policy = old.ranks, old.sizes, old.policy
-    new.run(new.loop.declare(DECLARATION, 10.0), 10.0)
+    # As the service does: what adoption writes replaces the new declaration's file.
+    new.loop.declare(DECLARATION, 10.0)
     new.loop.file(JOB, FILE)
     new.run(new.loop.adopt(JOB, policy, new.slots(), 10.0), 10.0)
     return new
@@ -429,7 +430,7 @@ def test_rules_no_choice_has_are_left_as_the_ranks_hold_them() -> None:
     new.ranks, new.sizes, new.policy = host.ranks, host.sizes, host.policy
     other = dataclasses.replace(DECLARATION, revision=2, tuning=(dataclasses.replace(
         DECLARATION.tuning[0], max_channels=12),))  # caps 6 and 3: no 4 of the old
-    new.run(new.loop.declare(other, 10.0), 10.0)
+    new.loop.declare(other, 10.0)
     new.loop.file(JOB, FILE)
     new.run(new.loop.adopt(JOB, None, new.slots(), 10.0), 10.0)
     assert COMM in new.job.orphaned and new.entry() is None

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -219,6 +219,14 @@ class Change:
     activations: tuple[tuple[int, int], ...] = ()
 
 
+def by_comm(slots: Iterable[StatsSlot]) -> defaultdict[int, list[StatsSlot]]:
+    """The slots grouped by communicator (a communicator with none maps to [])."""
+    groups: defaultdict[int, list[StatsSlot]] = defaultdict(list)
+    for slot in slots:
+        groups[slot.comm_id].append(slot)
+    return groups
+
+
 def record_of(slot: StatsSlot) -> Record:
     return Record(slot.switches, slot.history, slot.prev_history, slot.last_switch,
                   slot.collectives)
@@ -370,20 +378,18 @@ class TuningLoop:
         cannot be rebuilt is left alone (its ranks keep what they hold)."""
         job = self.jobs[job_name]
         job.entries = {}
-        rebuilt = []
+        rebuilt = 0
         if policy is not None:
             for comm in policy.comms:
                 before, after = policy.rules(comm.before), policy.rules(comm.after)
                 job.entries[comm.comm_id] = Entry(
                     comm.comm_id, comm.at, self._label(job, before), self._label(job, after),
                     before, after, comm.revision, comm.pending)
-        by_comm: dict[int, list[StatsSlot]] = {}
-        for slot in slots:
-            by_comm.setdefault(slot.comm_id, []).append(slot)
+        groups = by_comm(slots)
         known = {ruleset_hash(c.rules): c.rules for c in job.derivation.choices}
         if policy is not None:
             known |= {ruleset_hash(rules): rules for rules in policy.rulesets}
-        for comm_id, group in by_comm.items():
+        for comm_id, group in list(groups.items()):
             newest = max(group, key=lambda s: s.revision)
             entry = job.entries.get(comm_id)
             if entry is not None and entry.revision >= newest.revision:
@@ -399,7 +405,7 @@ class TuningLoop:
             job.entries[comm_id] = Entry(comm_id, held.at, self._label(job, before),
                                          self._label(job, after), before, after,
                                          held.revision, held.pending)
-            rebuilt.append(comm_id)
+            rebuilt += 1
         # Orphans too: a communicator gone before the next pass is forgotten after
         # ``stall`` like any other, not remembered as an orphan for ever.
         for comm_id in (*job.entries, *job.orphaned):
@@ -410,13 +416,13 @@ class TuningLoop:
             job.level.level = Level(("none", "low", "high")[severity_of(label)])
         self._record(job, now, "adopted", (job.choice, job.choice),
                      f"{len(job.entries)} communicator(s) from the previous agent"
-                     + (f"; {len(rebuilt)} rebuilt from the ranks' records" if rebuilt else "")
+                     + (f"; {rebuilt} rebuilt from the ranks' records" if rebuilt else "")
                      + (f"; {len(job.orphaned)} left as their ranks hold them"
                         if job.orphaned else ""))
         # A change a previous agent armed on this host alone is cancelled: its ranks
         # wait at (or before) the switching point, and nobody else will confirm it.
         for comm_id, entry in list(job.entries.items()):
-            nodes = max((s.n_nodes for s in by_comm.get(comm_id, ())), default=None)
+            nodes = max((s.n_nodes for s in groups[comm_id]), default=None)
             if entry.pending and nodes is not None and nodes <= 1:
                 job.entries[comm_id] = self._cancelled(entry)
                 job.aborted += 1
@@ -428,7 +434,7 @@ class TuningLoop:
         for choice in job.derivation.choices:
             if choice.rules == rules:
                 return choice.name
-        return PREVIOUS if rules else DEFAULT
+        return PREVIOUS  # never NCCL's own (empty) rules: every derivation has a default
 
     def withdraw(self, job_name: str, now: float) -> list[Action]:
         job = self.jobs.get(job_name)
@@ -498,16 +504,14 @@ class TuningLoop:
         if message.decision < job.acked[0]:
             return []
         points = {a.comm: a.at for a in message.activations}
-        changed = False
+        ours = [e for e in job.entries.values()
+                if e.pending and self._armed_by(e, message.decision, points)]
         name = job.choice
-        for comm_id, entry in list(job.entries.items()):
-            if not (entry.pending and self._armed_by(entry, message.decision, points)):
-                continue
-            job.entries[comm_id] = (
+        for entry in ours:
+            job.entries[entry.comm_id] = (
                 dataclasses.replace(entry, revision=entry.revision + 1, pending=False)
                 if message.commit else self._cancelled(entry))
             name = entry.after
-            changed = True
         if message.commit:
             if name != job.choice:
                 job.changes.append(now)
@@ -520,7 +524,7 @@ class TuningLoop:
         self._record(job, now, "confirmed" if message.commit else "cancelled",
                      (previous, job.choice), f"decision {message.decision}")
         actions: list[Action] = []
-        if changed:
+        if ours:
             actions.append(WritePolicy(job.declaration.job, tuple(job.entries.values())))
         actions.append(self._ack(job, message.decision, AckPhase.RESOLVED, ""))
         return actions
@@ -541,17 +545,15 @@ class TuningLoop:
             if not (job.arming or job.acking):
                 continue
             slots = stats.get(name, ())
-            by_comm: dict[int, list[StatsSlot]] = {}
-            for slot in slots:
-                by_comm.setdefault(slot.comm_id, []).append(slot)
+            groups = by_comm(slots)
             if job.arming:
-                actions += self._confirm_local(name, job, by_comm, now)
+                actions += self._confirm_local(name, job, groups, now)
             if job.acking:
                 armed = [e for e in job.entries.values()
                          if e.pending and e.decision == job.acking]
                 why = ""
                 for entry in armed:
-                    why = self._unverified(job, entry, by_comm.get(entry.comm_id, ()))
+                    why = self._unverified(job, entry, groups[entry.comm_id])
                     if why:
                         why = f"{entry.comm_id:#x}: {why}"
                         break
@@ -562,11 +564,11 @@ class TuningLoop:
         return actions
 
     def _confirm_local(self, name: str, job: JobState,
-                       by_comm: Mapping[int, Sequence[StatsSlot]], now: float) -> list[Action]:
+                       groups: Mapping[int, Sequence[StatsSlot]], now: float) -> list[Action]:
         confirmed, cancelled = [], []
         for comm_id in job.arming:
             entry = job.entries[comm_id]
-            why = self._unverified(job, entry, by_comm.get(comm_id, ()))
+            why = self._unverified(job, entry, groups[comm_id])
             if why:
                 job.entries[comm_id] = self._cancelled(entry)
                 cancelled.append(f"{comm_id:#x}: {why}")
@@ -607,9 +609,8 @@ class TuningLoop:
              now: float) -> list[Action]:
         self.steps += 1
         raw, evidence, retransmitting = self._links(links)
-        if raw.rank > self.raw.rank:
-            for severity in range(self.raw.rank + 1, raw.rank + 1):
-                self._rise_step[severity] = self.steps
+        for severity in range(self.raw.rank + 1, raw.rank + 1):  # none unless it rose
+            self._rise_step[severity] = self.steps
         self.raw, self.evidence = raw, evidence
         actions: list[Action] = []
         for name in list(self.jobs):
@@ -681,10 +682,8 @@ class TuningLoop:
             self._observe_comms(job, slots, now)
 
     def _observe_comms(self, job: JobState, slots: Sequence[StatsSlot], now: float) -> None:
-        by_comm: dict[int, list[StatsSlot]] = {}
-        for slot in slots:
-            by_comm.setdefault(slot.comm_id, []).append(slot)
-        for comm_id, group in by_comm.items():
+        groups = by_comm(slots)
+        for comm_id, group in groups.items():
             comm = job.comms.get(comm_id)
             if comm is None:
                 comm = job.comms[comm_id] = CommState(comm_id)
@@ -700,7 +699,7 @@ class TuningLoop:
         # ``stall`` seconds: one unreadable listing must not drop a live one's entry
         # (its ranks would keep what they hold anyway: a missing entry is refused).
         for comm_id, comm in list(job.comms.items()):
-            if comm_id in by_comm:
+            if comm_id in groups:
                 continue
             comm.slots = ()
             if now - comm.seen_at >= self.settings.stall:
@@ -801,26 +800,27 @@ class TuningLoop:
 
     def _single_step(self, job: JobState, now: float) -> None:
         desired = CHOICE_NAMES[job.desired_severity]
-        limited = ""
-        if desired != job.choice:
-            if self._rate_limited(job, now):
-                limited = (f"rate limit: {len(job.changes)} changes in the last minute "
+        if desired == job.choice:
+            self._converge(job)
+            job.waiting = self._waits(job)
+            return
+        if self._rate_limited(job, now):
+            self._converge(job)
+            job.waiting = (f"rate limit: {len(job.changes)} changes in the last minute "
                            f"(max {self.settings.max_changes_per_minute})")
-            else:
-                previous = job.choice
-                job.choice, job.reason = desired, self.evidence if desired != DEFAULT else (
-                    f"calm for {self.settings.hold:g} s")
-                job.changes.append(now)
-                onset = (self._rise_step.get(severity_of(desired)) if desired != DEFAULT
-                         else self.steps)
-                self._converge(job)
-                self._record(job, now, "local", (previous, desired), job.reason,
-                             onset_step=onset,
-                             activations=tuple(sorted(job.arming.items())))
-                job.waiting = self._waits(job)
-                return
+            return
+        previous, rising = job.choice, severity_of(desired) > severity_of(job.choice)
+        job.choice = desired
+        job.reason = self.evidence if desired != DEFAULT else (
+            f"calm for {self.settings.hold:g} s")
+        job.changes.append(now)
+        # A rise is dated from the pass its level was first seen (what reaction time
+        # measures); a fall is this pass's own (the hold decided it, not a link).
+        onset = self._rise_step.get(severity_of(desired)) if rising else self.steps
         self._converge(job)
-        job.waiting = limited or self._waits(job)
+        self._record(job, now, "local", (previous, desired), job.reason, onset_step=onset,
+                     activations=tuple(sorted(job.arming.items())))
+        job.waiting = self._waits(job)
 
     @staticmethod
     def _waits(job: JobState) -> str:
