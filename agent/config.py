@@ -7,7 +7,7 @@ and values of the wrong type are rejected with the key named.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -72,6 +72,8 @@ class ControllerSection:
 @dataclass(frozen=True)
 class HostObserverSection:
     STRICT_KEYS: ClassVar[bool] = True
+    #: Rules' settings: a reload applies them to the running engine (see live_changes).
+    LIVE: ClassVar[frozenset[str]] = frozenset({"memory_available_min", "sustain"})
     enabled: bool = True
     #: Seconds between reads of CPU, memory and load (slower than the loop: they move slowly).
     interval: Annotated[float, Num(0.01, 3600.0)] = 1.0
@@ -94,6 +96,9 @@ Prefix = Annotated[int, Num(0, 128)]
 @dataclass(frozen=True)
 class LinksSection:
     STRICT_KEYS: ClassVar[bool] = True
+    LIVE: ClassVar[frozenset[str]] = frozenset({
+        "utilization_low", "utilization_high", "ce_low", "ce_high", "retransmit_low",
+        "retransmit_high", "min_packets_per_s", "hold"})
     enabled: bool = True
     mode: LinkMode = LinkMode.AUTO
     #: Interface name globs to watch; empty watches physical and RDMA-capable NICs.
@@ -155,6 +160,10 @@ EnvName = Annotated[str, Str(max_len=64, min_len=1, pattern=r"[A-Za-z_][A-Za-z0-
 @dataclass(frozen=True)
 class GpuObserverSection:
     STRICT_KEYS: ClassVar[bool] = True
+    LIVE: ClassVar[frozenset[str]] = frozenset({
+        "sbe_per_minute", "pcie_replays_per_minute", "nvlink_crc_per_second",
+        "nvlink_replays_per_minute", "retired_pages_limit", "slowdown_sustain",
+        "busy_utilization", "xid_hold", "suspect_clear", "advisory_interval"})
     enabled: bool = True
     #: A specific libnvidia-ml.so.1 (tests and the demo use a fake); empty: the driver's.
     nvml_library: Annotated[str, Str(max_len=4096, pattern=r"/.*")] = ""
@@ -217,6 +226,25 @@ class ObserversSection:
     links: LinksSection = field(default_factory=LinksSection)
     rdma: RdmaSection = field(default_factory=RdmaSection)
     gpu: GpuObserverSection = field(default_factory=GpuObserverSection)
+
+
+def changes(old: ObserversSection, new: ObserversSection) -> tuple[list[str], list[str]]:
+    """What differs between two observer configurations, as dotted names: (settings
+    the running engines take on a reload, settings the observers were started with).
+
+    Only the latter restart the observers (NVML, the BPF programs): a threshold
+    must not cost a GPU's history or a link's counters.
+    """
+    live: list[str] = []
+    io: list[str] = []
+    for section in fields(ObserversSection):
+        before, after = getattr(old, section.name), getattr(new, section.name)
+        allowed = getattr(type(before), "LIVE", frozenset())
+        for item in fields(before):
+            if getattr(before, item.name) != getattr(after, item.name):
+                name = f"observers.{section.name}.{item.name}"
+                (live if item.name in allowed else io).append(name)
+    return live, io
 
 
 class ParserName(StrEnum):

@@ -264,11 +264,23 @@ class AgentDaemon:
         ]
         if restart_needed:
             log.warning("changes to %s take effect at the next restart", ", ".join(restart_needed))
-        if new.observers != self.cfg.observers:
+        live, io = agent_config.changes(self.cfg.observers, new.observers)
+        if io:
+            # What the observers were started with (a library, interfaces, a mode):
+            # they restart. The engines live on either way, so GPU states and
+            # quarantines, conditions and link levels are never lost to a reload.
+            log.info("restarting the observers: %s changed", ", ".join(io))
             self.observers.stop_all()
             self.observers = ObserverSet.from_config(new, wake=self._wake)
             self.observers.start_all()
-            self.health = HostHealthEngine(new.observers)
+        if live or io:
+            self.health.configure(new.observers)
+            if self.validation is not None:
+                self.validation.configure(new.observers.gpu.retired_pages_limit)
+            if self.tuning is not None:
+                self.tuning.configure(new.observers.links)
+        if live:
+            log.info("applied %s to the running rules", ", ".join(live))
         self.republisher.refresh = new.controller.summary_refresh
         logging.getLogger().setLevel(new.agent.log_level.value.upper())
         self.cfg = new

@@ -158,6 +158,14 @@ class GpuHealthEngine:
         #: operators); the host engine then re-evaluates at once.
         self.changed = False
 
+    def configure(self, cfg: GpuObserverSection) -> None:
+        """New rule settings: states, quarantines and counter windows stay; every GPU
+        is judged again by the new rules at the next step."""
+        self.cfg = cfg
+        for gpu in self.gpus.values():
+            gpu.evaluated_at = float("-inf")
+        self.changed = True
+
     # --- hooks for validation and operators ---------------------------------------
 
     def _set(self, gpu: _Gpu, state: GpuState, why: str, now: float,

@@ -47,6 +47,15 @@ class HostHealthEngine:
         self.link_levels: tuple[LinkLevels, ...] = ()
         self._last: tuple[tuple[Any, ...], float, HealthStep] | None = None
 
+    def configure(self, cfg: ObserversSection) -> None:
+        """New rule settings (a reload): the engine keeps what it learnt (conditions,
+        GPU states and quarantines, link levels) and judges by the new rules from
+        the next step on."""
+        self.cfg = cfg.host
+        self.links.configure(cfg.links)
+        self.gpus.configure(cfg.gpu)
+        self._last = None  # the next step evaluates everything
+
     def findings(
         self,
         observations: Mapping[str, Any],

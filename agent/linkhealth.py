@@ -131,6 +131,12 @@ class LinkHealthEngine:
     _congestion: dict[str, LevelHold] = field(default_factory=dict)
     _errors: dict[str, LevelHold] = field(default_factory=dict)
 
+    def configure(self, cfg: LinksSection) -> None:
+        """New thresholds and hold; each link keeps its level and how long it held."""
+        self.cfg = cfg
+        for hold in (*self._congestion.values(), *self._errors.values()):
+            hold.hold = cfg.hold
+
     def step(self, link_views: Iterable[LinkView], now: float) -> LinkStep:
         levels = []
         for view in link_views:

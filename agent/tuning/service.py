@@ -429,6 +429,11 @@ class TuningService:
             raise CommandError(f"no declaration for job {job!r:.140} (declared: {known})")
         return job
 
+    def configure(self, links: LinksSection) -> None:
+        """A reload's new link thresholds: the next pass judges congestion by them
+        (the rest of the tuning section needs a restart)."""
+        self.loop.thresholds = links
+
     def jobs_view(self, now: float) -> dict[str, Any]:
         rows = []
         htb = self.shaper.describe() if self.shaper is not None else {}
@@ -450,6 +455,8 @@ class TuningService:
             })
         return {"jobs": rows, "link_level": self.loop.raw.value,
                 "evidence": self.loop.evidence, "policy_dir": str(self.dir),
+                "thresholds": {name: getattr(self.loop.thresholds, name)
+                               for name in sorted(LinksSection.LIVE)},
                 "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error}
 
     def policy_view(self, args: Mapping[str, Any], now: float) -> dict[str, Any]:

@@ -93,6 +93,10 @@ class ValidationService:
         self._server: subprocess.Popen[bytes] | None = None
         self.host_failure: str | None = None
 
+    def configure(self, retired_pages_limit: int) -> None:
+        """A reload's new GPU rule: the next checks judge retired pages by it."""
+        self.runner.limits = StaticLimits(retired_pages_limit=retired_pages_limit)
+
     # --- lifecycle ------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
