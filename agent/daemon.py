@@ -27,9 +27,9 @@ from agent.config import AgentConfig
 from agent.gpuhealth import GpuView
 from agent.gpuviews import gpu_row, health_row
 from agent.health import HealthStep, HostHealthEngine, Republisher
+from agent.observations import Observations
 from agent.observers import ObserverSet
 from agent.observers.links import LinksObserver, links_table
-from agent.observers.rdma import RdmaSample
 from agent.spool import Spool
 from agent.tuning.service import TuningService
 from agent.uplink import Uplink
@@ -76,7 +76,7 @@ class AgentDaemon:
         self.republisher = Republisher(cfg.controller.summary_refresh)
         self.summary: HostSummary | None = None
         self.last_step: HealthStep | None = None
-        self.observations: dict[str, Any] = {}
+        self.observations = Observations()
         self.advisories_sent = 0
         #: What tenants declared for their jobs (from the controller, or an operator).
         self.declarations: dict[str, JobDeclaration] = {}
@@ -342,7 +342,7 @@ class AgentDaemon:
         self._feed_watchdog()
 
     def _step(self, now: float) -> None:
-        observations = self.observers.sample_all(now)
+        observations = Observations.of(self.observers.sample_all(now))
         self.observations = observations
         failing = {r.name: r.last_error or r.detail for r in self.observers.failing()}
         host_failure = self.validation.host_failure if self.validation is not None else None
@@ -490,8 +490,8 @@ class AgentDaemon:
     def _cmd_links(self, args: dict[str, Any]) -> dict[str, Any]:
         links = self.observers.get("links")
         record = self.observers.records.get("links")
-        sample = self.observations.get("links")
-        rdma = self.observations.get("rdma")
+        sample = self.observations.links
+        rdma = self.observations.rdma
         levels = {level.name: level for level in self.health.link_levels}
 
         def with_levels(row: dict[str, Any]) -> dict[str, Any]:
@@ -505,7 +505,7 @@ class AgentDaemon:
             "detail": (record.extra.get("detail") or record.detail) if record else "",
             "links": [with_levels(row) for row in links_table(sample)],
             "rdma": [with_levels({**to_plain(port), "name": port.name})
-                     for port in (rdma.ports if isinstance(rdma, RdmaSample) else ())],
+                     for port in (rdma.ports if rdma is not None else ())],
             "retransmits_per_s": getattr(sample, "retransmits_per_s", None),
             "drops_by_reason": links.drops_by_reason() if isinstance(links, LinksObserver)
             and record is not None and record.state.value == "running" else {},

@@ -15,10 +15,7 @@ from agent.conditions import ConditionTracker, Finding, health_of
 from agent.config import ObserversSection
 from agent.gpuhealth import GpuHealthEngine, GpuStep
 from agent.linkhealth import LinkHealthEngine, LinkLevels, views
-from agent.observers.gpu import GpuSample
-from agent.observers.host import HostSample
-from agent.observers.links import LinkSample
-from agent.observers.rdma import RdmaSample
+from agent.observations import Observations
 from harmonaize.messages import HostEvent, HostSummary, JobAdvisory, Severity
 
 #: With unchanged inputs, the whole step is still re-evaluated this often (seconds).
@@ -58,7 +55,7 @@ class HostHealthEngine:
 
     def findings(
         self,
-        observations: Mapping[str, Any],
+        observations: Observations,
         failing: Mapping[str, str],
         drained: str | None,
     ) -> list[Finding]:
@@ -79,8 +76,8 @@ class HostHealthEngine:
                 drained or "",
             ),
         ]
-        host = observations.get("host")
-        if isinstance(host, HostSample):
+        host = observations.host
+        if host is not None:
             fraction = host.memory_available_fraction
             found.append(
                 Finding(
@@ -96,7 +93,7 @@ class HostHealthEngine:
 
     def step(
         self,
-        observations: Mapping[str, Any],
+        observations: Observations,
         now: float,
         *,
         failing: Mapping[str, str] | None = None,
@@ -107,7 +104,7 @@ class HostHealthEngine:
         """``extra``: findings of other engines (the tuning loop's), tracked alike."""
         # Observers hand on the same objects when nothing moved; then so do we,
         # but re-evaluate at least once a second for rules that run on time.
-        inputs = (*(observations.get(k) for k in ("host", "links", "rdma", "gpu")),
+        inputs = (observations.host, observations.links, observations.rdma, observations.gpu,
                   tuple(sorted((failing or {}).items())), drained, validation_failure,
                   tuple(extra))
         if self._last is not None and now - self._last[1] < FULL_STEP and not self.gpus.changed \
@@ -122,7 +119,7 @@ class HostHealthEngine:
 
     def _step(
         self,
-        observations: Mapping[str, Any],
+        observations: Observations,
         now: float,
         failing: Mapping[str, str] | None,
         drained: str | None,
@@ -134,16 +131,9 @@ class HostHealthEngine:
         findings.append(Finding(
             "HostValidationFailed", validation_failure is not None, Severity.WARNING,
             "HostCheckFailed" if validation_failure else "", validation_failure or ""))
-        links = observations.get("links")
-        rdma = observations.get("rdma")
-        link_step = self.links.step(
-            views(links if isinstance(links, LinkSample) else None,
-                  rdma if isinstance(rdma, RdmaSample) else None),
-            now,
-        )
+        link_step = self.links.step(views(observations.links, observations.rdma), now)
         self.link_levels = link_step.links
-        gpu = observations.get("gpu")
-        gpu_step = self.gpus.step(gpu if isinstance(gpu, GpuSample) else None, now)
+        gpu_step = self.gpus.step(observations.gpu, now)
         events = gpu_step.events + self.tracker.update(
             findings + link_step.findings + gpu_step.findings, now)
         conditions = self.tracker.conditions()

@@ -6,6 +6,7 @@ import pytest
 
 from agent.config import HostObserverSection, ObserversSection
 from agent.health import ConditionTracker, Finding, HostHealthEngine, Republisher, health_of
+from agent.observations import Observations
 from agent.observers.host import HostSample
 from harmonaize.messages import Condition, Health, Severity, Status
 
@@ -14,8 +15,9 @@ pytestmark = pytest.mark.foundation
 GIB = 1 << 30
 
 
-def sample(available_fraction: float) -> dict[str, HostSample]:
-    return {"host": HostSample(0.1, 100 * GIB, int(available_fraction * 100 * GIB), 0.5, 100.0)}
+def sample(available_fraction: float) -> Observations:
+    return Observations(host=HostSample(0.1, 100 * GIB, int(available_fraction * 100 * GIB),
+                                        0.5, 100.0))
 
 
 def test_tracker_needs_a_problem_to_persist_before_setting_and_clearing() -> None:
@@ -72,7 +74,7 @@ def test_memory_pressure_needs_to_be_sustained() -> None:
 
 def test_failing_observers_degrade_the_host_at_once() -> None:
     engine = HostHealthEngine(ObserversSection())
-    step = engine.step({}, 0.0, failing={"links": "bcc missing"})
+    step = engine.step(Observations(), 0.0, failing={"links": "bcc missing"})
     assert step.summary.health is Health.DEGRADED
     (condition,) = [c for c in step.summary.conditions if c.status is Status.TRUE]
     assert condition.type == "ObserverFailure" and "links: bcc missing" in condition.message

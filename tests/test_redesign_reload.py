@@ -24,6 +24,7 @@ from agent.config import (
 from agent.gpuhealth import GpuState
 from agent.health import HostHealthEngine
 from agent.linkhealth import LinkHealthEngine, LinkView
+from agent.observations import Observations
 from harmonaize.messages import Level
 from tests.conftest import needs_root
 from tests.daemons import NO_LINKS, gpu_section, start_agent
@@ -67,16 +68,16 @@ def test_a_link_keeps_its_level_and_takes_the_new_hold() -> None:
 
 def test_gpu_states_survive_new_rules_and_are_judged_again() -> None:
     engine = HostHealthEngine(ObserversSection())
-    engine.step({}, 0.0)
+    engine.step(Observations(), 0.0)
     from agent.gpuhealth import _Gpu  # noqa: PLC0415
 
     engine.gpus.gpus[7] = _Gpu(7)
     engine.gpus.quarantine(7, "fan noise", 1.0)
-    before = engine.step({}, 1.1)
+    before = engine.step(Observations(), 1.1)
     engine.configure(dataclasses.replace(
         ObserversSection(), gpu=GpuObserverSection(sbe_per_minute=5.0)))
     assert engine.gpus.changed and engine.gpus.cfg.sbe_per_minute == 5.0
-    after = engine.step({}, 1.2)
+    after = engine.step(Observations(), 1.2)
     assert engine.gpus.gpus[7].state is GpuState.QUARANTINED
     assert after.summary == before.summary
 

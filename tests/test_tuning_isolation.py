@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import LinksSection, TuningSection
+from agent.observations import Observations
 from agent.tuning.service import TuningService
 from agent.tuning.shm import job_dir, policy_path, read_stats
 from harmonaize.messages import (
@@ -71,7 +72,7 @@ def test_a_tenants_rank_is_tuned_and_another_tenant_sees_nothing(workdir: Path, 
         def seen() -> bool:
             nonlocal now
             now += 0.1
-            service.step({"links": link_sample(0)}, now)
+            service.step(Observations(links=link_sample(0)), now)
             return bool(service.stats.get(JOB))
 
         wait_until(seen, timeout=20, what="the tenant's rank in the stats")
@@ -92,7 +93,7 @@ def test_a_tenants_rank_is_tuned_and_another_tenant_sees_nothing(workdir: Path, 
         # Congestion: the tenant's rank switches at the agreed point.
         for _ in range(5):
             now += 0.1
-            service.step({"links": link_sample(2)}, now)
+            service.step(Observations(links=link_sample(2)), now)
             time.sleep(0.1)
         entry = service.loop.jobs[JOB].entries[COMM]
         assert entry.after == "severe" and not entry.pending

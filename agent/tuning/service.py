@@ -36,8 +36,8 @@ from agent.conditions import Finding
 from agent.config import LinksSection, TuningSection
 from agent.linkhealth import views
 from agent.net import sysfs
+from agent.observations import Observations
 from agent.observers.links import LinkSample
-from agent.observers.rdma import RdmaSample
 from agent.tuning import nextlaunch
 from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
 from agent.tuning.loop import (
@@ -264,14 +264,12 @@ class TuningService:
 
     # --- each pass ------------------------------------------------------------------
 
-    def step(self, observations: Mapping[str, Any], now: float) -> None:
+    def step(self, observations: Observations, now: float) -> None:
         if not (self.loop.jobs or self.files or self._orphans or self._shaped):
             return  # nothing declared, written or shaped: most passes on most hosts
-        links = observations.get("links")
-        sample = links if isinstance(links, LinkSample) else None
+        sample = observations.links
         if self.loop.jobs:  # nothing to read or decide (or pay for) without declarations
-            rdma = observations.get("rdma")
-            link_views = views(sample, rdma if isinstance(rdma, RdmaSample) else None)
+            link_views = views(sample, observations.rdma)
             self.stats = {job: read_stats(self.dir, job) for job in self.loop.jobs}
             try:
                 self._run(self.loop.step(link_views, self.stats, now), now)

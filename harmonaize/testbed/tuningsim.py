@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import LinksSection, TuningSection
+from agent.observations import Observations
 from agent.observers.links import LinkRates, LinkSample
 from agent.tuning.service import TuningService
 from agent.tuning.shm import policy_path, prepare_dirs
@@ -587,7 +588,7 @@ class _Play:
                 host.declared = True
             if tick:
                 level = _congestion(self.schedule, host.index, now)
-                service.step({"links": link_sample(level)}, now)
+                service.step(Observations(links=link_sample(level)), now)
         except AgentKilled:
             _kill(host, now, host.kill_delay, "agent-kill")
 
