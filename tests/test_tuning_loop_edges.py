@@ -61,8 +61,22 @@ SEVERE_RULES = DERIVED.get("severe").rules
 CONGESTED_RULES = DERIVED.get("congested").rules
 
 
-def kinds(host: Host) -> list[str]:
-    return [c.kind for c in host.job.history]
+def declared(count: int, comm: int = COMM, n_ranks: int | None = None, nodes: int = 1,
+             **settings: object) -> Host:
+    """A host with the job declared and ``count`` ranks of ``comm``."""
+    host = Host(**settings)
+    host.declare()
+    host.add(count, comm=comm, n_ranks=n_ranks, nodes=nodes)
+    return host
+
+
+def disagreeing(host: Host) -> list:
+    """The ranks' records, the first one switched at 500 where the second did not."""
+    slots = host.slots()
+    slots[0] = dataclasses.replace(slots[0], collectives=900, switches=1, history=5,
+                                   last_switch=500)
+    slots[1] = dataclasses.replace(slots[1], collectives=900)
+    return slots
 
 
 # --- the policy image ----------------------------------------------------------------
@@ -140,9 +154,7 @@ def test_a_declaration_is_written_once_and_a_repeat_changes_nothing() -> None:
 
 
 def test_a_withdrawn_job_declared_again_is_kept() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.run(host.loop.withdraw(JOB, 1.0), 1.0)
     assert host.job.retiring
@@ -210,9 +222,7 @@ def test_retransmissions_count_only_on_busy_links() -> None:
 
 
 def test_a_job_counts_the_time_it_was_observed_and_congested() -> None:
-    host = Host(hold=100.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=100.0)
     host.step(CALM, 1.0)
     assert (host.job.observed, host.job.congested) == (0.0, 0.0)  # the first pass: no span
     host.step(CALM, 3.0)
@@ -226,9 +236,7 @@ def test_a_job_counts_the_time_it_was_observed_and_congested() -> None:
 
 
 def test_the_onset_of_a_choice_is_the_pass_its_level_first_rose() -> None:
-    host = Host(hold=0.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0)
     host.step(CALM, 0.0)      # pass 1
     host.step(FULL, 1.0)      # pass 2: none -> high raises low and high at once
     (local,) = [c for c in host.job.history if c.kind == "local"]
@@ -246,9 +254,7 @@ def test_the_onset_of_a_choice_is_the_pass_its_level_first_rose() -> None:
 
 
 def test_a_rise_in_two_stages_keeps_the_pass_of_each_stage() -> None:
-    host = Host(hold=0.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0)
     host.step(BUSY, 0.0)      # pass 1: low
     host.advance(100_000)
     host.step(FULL, 1.0)      # pass 2: high
@@ -257,9 +263,7 @@ def test_a_rise_in_two_stages_keeps_the_pass_of_each_stage() -> None:
 
 
 def test_the_rate_limit_window_is_one_minute() -> None:
-    host = Host(hold=0.0, max_changes_per_minute=1)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0, max_changes_per_minute=1)
     host.step(CALM, 5.0)
     host.step(FULL, 10.0)
     host.advance(100_000)
@@ -284,18 +288,14 @@ def test_a_job_without_rules_stays_with_nccl_whatever_the_links_say() -> None:
 
 
 def test_a_calm_link_after_congestion_is_reported_as_waiting_nothing() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     assert host.job.waiting == ""
     assert all(c.waiting == "" for c in host.job.comms.values())
 
 
 def test_what_a_communicator_waits_for_is_named() -> None:
-    host = Host(hold=0.0, activation_margin=100)
-    host.declare()
-    host.add(2)
+    host = declared(2, hold=0.0, activation_margin=100)
     host.step(FULL, 0.0)
     at = host.entry().at
     host.advance(at + 5, rank=0)
@@ -309,9 +309,7 @@ def test_what_a_communicator_waits_for_is_named() -> None:
 
 
 def test_adoption_is_recorded_with_what_was_rebuilt_and_left() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
+    host = declared(2)
     host.step(FULL, 0.0)
     host.advance(1)
     again = restarted(host, policy=host.policy)
@@ -326,9 +324,7 @@ def test_adoption_is_recorded_with_what_was_rebuilt_and_left() -> None:
 
 
 def test_adopting_a_congested_policy_takes_its_level() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(BUSY, 0.0)
     host.advance(1)
     again = restarted(host, policy=host.policy)
@@ -337,9 +333,7 @@ def test_adopting_a_congested_policy_takes_its_level() -> None:
 
 
 def test_adopting_mixed_choices_keeps_the_declared_default() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.add(1, comm=COMM + 1)  # joins later: armed with severe too ...
     host.advance(1, comm=COMM)
@@ -353,9 +347,7 @@ def test_adopting_mixed_choices_keeps_the_declared_default() -> None:
 
 
 def test_ranks_newer_than_the_file_win_and_ranks_with_nothing_are_skipped() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
+    host = declared(2)
     host.step(FULL, 0.0)
     host.advance(1)
     stale = build_policy([dataclasses.replace(host.entry(), revision=1, after="default",
@@ -369,9 +361,7 @@ def test_ranks_newer_than_the_file_win_and_ranks_with_nothing_are_skipped() -> N
 
 
 def test_a_file_newer_than_the_ranks_is_kept() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     newer = build_policy([dataclasses.replace(host.entry(), revision=9)], 4)
     again = restarted(host, policy=newer)
@@ -380,9 +370,7 @@ def test_a_file_newer_than_the_ranks_is_kept() -> None:
 
 
 def test_an_orphan_is_named_and_forgotten_with_its_communicator() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.advance(1)
     new = Host(stall=5.0)
@@ -402,9 +390,7 @@ def test_an_orphan_is_named_and_forgotten_with_its_communicator() -> None:
 
 def test_a_pending_change_of_a_communicator_with_no_visible_rank_is_kept() -> None:
     """Nobody on this host can say its ranks are local only: leave it for whoever can."""
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(CALM, 0.0)
     armed = host.loop._armed(host.job, host.job.comms[COMM], 150, DERIVED.get("severe"))
     policy = build_policy([armed], 5)
@@ -415,9 +401,7 @@ def test_a_pending_change_of_a_communicator_with_no_visible_rank_is_kept() -> No
 
 
 def test_a_cancelled_adopted_change_counts_as_aborted() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
+    host = declared(2)
     host.step(CALM, 0.0)
     armed = host.loop._armed(host.job, host.job.comms[COMM], 150, DERIVED.get("severe"))
     host.policy = build_policy([armed], 5)
@@ -573,9 +557,7 @@ def test_a_single_host_arm_is_checked_against_every_rank_once_written() -> None:
 
 
 def test_a_refusal_of_the_armed_revision_cancels_it() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(1)
+    host = declared(1, activation_margin=50)
     host.step(CALM, 0.0)
 
     def refuse() -> None:
@@ -693,17 +675,13 @@ def test_shutdown_leaves_multi_host_jobs_as_agreed() -> None:
 
 
 def test_shutdown_writes_only_where_something_was_armed() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(CALM, 0.0)
     assert host.loop.shutdown({JOB: host.slots()}, 1.0) == []
 
 
 def test_pending_activations_count_armed_and_unpassed_switches() -> None:
-    host = Host(hold=0.0, activation_margin=100)
-    host.declare()
-    host.add(2)
+    host = declared(2, hold=0.0, activation_margin=100)
     host.step(CALM, 0.0)
     assert host.loop.pending_activations(JOB) == 0
     host.step(FULL, 0.1)
@@ -724,9 +702,7 @@ def test_pending_activations_count_armed_and_unpassed_switches() -> None:
 
 
 def two_jobs() -> tuple[Host, Host]:
-    first = Host(hold=0.0)
-    first.declare()
-    first.add(1)
+    first = declared(1, hold=0.0)
     second = Host(hold=0.0)
     second.loop = first.loop
     second.declare(dataclasses.replace(DECLARATION, job="job-2"))
@@ -768,9 +744,7 @@ def test_a_multi_host_job_does_not_stop_the_others_being_stepped() -> None:
 
 
 def test_a_communicator_gone_for_the_stall_time_is_forgotten_entirely() -> None:
-    host = Host(stall=2.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, stall=2.0)
     for i in range(MAX_COMMS):
         host.add(1, comm=COMM + 1 + i)
     host.step(FULL, 0.0)
@@ -785,9 +759,7 @@ def test_a_communicator_gone_for_the_stall_time_is_forgotten_entirely() -> None:
 def test_a_communicator_forgotten_before_its_arm_was_checked_is_not_checked() -> None:
     """The shell may fail to write an armed policy; if the communicator is then
     forgotten, the next check must not look for it."""
-    host = Host(stall=1.0, activation_margin=50)
-    host.declare()
-    host.add(1)
+    host = declared(1, stall=1.0, activation_margin=50)
     host.step(CALM, 0.0)
     host.loop.step([FULL], {JOB: host.slots()}, 0.1)  # armed; never written nor checked
     assert host.job.arming
@@ -797,9 +769,7 @@ def test_a_communicator_forgotten_before_its_arm_was_checked_is_not_checked() ->
 
 
 def test_a_communicator_seen_on_several_nodes_makes_the_job_multi_host() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(CALM, 0.0)
     assert not host.job.multi
     host.add(1, comm=COMM + 1, n_ranks=2, nodes=2)
@@ -809,13 +779,8 @@ def test_a_communicator_seen_on_several_nodes_makes_the_job_multi_host() -> None
 
 
 def test_local_disagreement_names_the_communicator() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
-    slots = host.slots()
-    slots[0] = dataclasses.replace(slots[0], collectives=900, switches=1, history=5,
-                                   last_switch=500)
-    slots[1] = dataclasses.replace(slots[1], collectives=900)
+    host = declared(2)
+    slots = disagreeing(host)
     host.run(host.loop.step([CALM], {JOB: slots}, 0.0), 0.0)
     (diverged,) = host.job.diverged
     assert diverged.startswith(f"{COMM:#x}: ")
@@ -828,9 +793,7 @@ def test_local_disagreement_names_the_communicator() -> None:
 
 
 def test_the_collective_rate_is_the_fastest_of_recent_passes() -> None:
-    host = Host(activation_margin=1, activation_lead=0.5)
-    host.declare()
-    host.add(1)
+    host = declared(1, activation_margin=1, activation_lead=0.5)
     host.step(CALM, 0.0)
     host.advance(3000)
     host.step(CALM, 1.0)   # 3000/s
@@ -851,9 +814,7 @@ def test_the_collective_rate_is_the_fastest_of_recent_passes() -> None:
 
 
 def test_an_adopted_entry_keeps_both_sides_of_its_switch() -> None:
-    host = Host(hold=0.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0)
     host.step(FULL, 0.0)
     host.advance(100_000)
     host.step(BUSY, 1.0)
@@ -871,9 +832,7 @@ def test_an_adopted_entry_keeps_both_sides_of_its_switch() -> None:
 
 
 def test_after_adoption_nothing_is_written_until_something_changes() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.advance(1)
     loop = TuningLoop(LoopSettings(), THRESHOLDS)
@@ -884,9 +843,7 @@ def test_after_adoption_nothing_is_written_until_something_changes() -> None:
 
 
 def test_adopting_what_the_ranks_follow_when_nccl_was_restored() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.advance(host.entry().at + 1)
     host.run(host.loop.shutdown({JOB: host.slots()}, 1.0), 1.0)  # back to NCCL's choice
@@ -899,9 +856,7 @@ def test_adopting_what_the_ranks_follow_when_nccl_was_restored() -> None:
 def test_adoption_goes_through_every_communicator() -> None:
     """One skipped communicator (nothing held, newer in the file, or its rules unknown)
     must not stop the others being adopted."""
-    host = Host()
-    host.declare()
-    host.add(1, comm=1)
+    host = declared(1, comm=1)
     host.add(1, comm=2)
     host.add(1, comm=3)
     host.step(FULL, 0.0)
@@ -937,9 +892,7 @@ A, B = COMM, COMM + 1
 
 
 def two_comm_multi_host() -> Host:
-    host = Host(report_interval=1.0)
-    host.declare()
-    host.add(2, comm=A, n_ranks=4, nodes=2)
+    host = declared(2, comm=A, n_ranks=4, nodes=2, report_interval=1.0)
     host.add(2, comm=B, n_ranks=4, nodes=2)
     host.advance(500, comm=A)
     host.advance(500, comm=B)
@@ -993,9 +946,7 @@ def test_an_unknown_jobs_outcome_is_answered_with_its_decision() -> None:
 
 
 def test_an_arm_makes_a_job_multi_host_even_before_its_ranks_say_so() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
+    host = declared(2)
     host.advance(500)
     host.step(CALM, 0.0)
     assert not host.job.multi
@@ -1062,9 +1013,7 @@ def test_confirming_goes_through_every_job() -> None:
 
 
 def test_a_job_missing_from_the_records_cancels_what_it_armed() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(1)
+    host = declared(1, activation_margin=50)
     host.step(CALM, 0.0)
     host.loop.step([FULL], {JOB: host.slots()}, 0.1)
     host.loop.confirm({}, 0.1)
@@ -1073,9 +1022,7 @@ def test_a_job_missing_from_the_records_cancels_what_it_armed() -> None:
 
 
 def test_cancellations_are_listed_and_added_up() -> None:
-    host = Host(activation_margin=50, hold=0.0)
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A, activation_margin=50, hold=0.0)
     host.add(1, comm=B)
     host.step(CALM, 0.0)
 
@@ -1096,9 +1043,7 @@ def test_cancellations_are_listed_and_added_up() -> None:
 
 
 def test_a_confirmation_lists_where_each_communicator_switches() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A, activation_margin=50)
     host.add(1, comm=B)
     host.step(CALM, 0.0)
     host.step(FULL, 0.1)
@@ -1114,9 +1059,7 @@ def test_a_confirmation_lists_where_each_communicator_switches() -> None:
 def blocked(tamper, *, entry_revision: int | None = None, n_ranks: int | None = None,
             count: int = 2) -> str:
     """Why one congested pass arms nothing when ``tamper`` changes the second rank."""
-    host = Host()
-    host.declare()
-    host.add(count, n_ranks=n_ranks)
+    host = declared(count, n_ranks=n_ranks)
     host.advance(100)
     slots = host.slots()
     slots[-1] = tamper(slots[-1])
@@ -1150,9 +1093,7 @@ def test_each_reason_not_to_arm_is_named_exactly() -> None:
 
 
 def test_a_refusal_only_blocks_while_it_is_of_the_newest_revision() -> None:
-    host = Host(hold=0.0)
-    host.declare()
-    host.add(2)
+    host = declared(2, hold=0.0)
     host.step(FULL, 0.0)
     host.advance(100_000)
     revision = host.entry().revision
@@ -1162,9 +1103,7 @@ def test_a_refusal_only_blocks_while_it_is_of_the_newest_revision() -> None:
     host.run(host.loop.step([CALM], {JOB: slots}, 1.0), 1.0)
     host.run(host.loop.step([CALM], {JOB: slots}, 1.1), 1.1)
     assert host.entry().after == "default"  # an older refusal: the ranks moved on
-    unflagged = Host(hold=0.0)
-    unflagged.declare()
-    unflagged.add(2)
+    unflagged = declared(2, hold=0.0)
     slots = unflagged.slots()
     slots[1] = dataclasses.replace(slots[1], refused_revision=5)  # flag clear: no refusal
     unflagged.run(unflagged.loop.step([FULL], {JOB: slots}, 0.0), 0.0)
@@ -1172,9 +1111,7 @@ def test_a_refusal_only_blocks_while_it_is_of_the_newest_revision() -> None:
 
 
 def test_a_rank_on_the_current_revision_does_not_block() -> None:
-    host = Host(hold=0.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0)
     host.step(FULL, 0.0)
     host.advance(100_000)  # the rank follows the confirmed revision, and passed it
     host.step(CALM, 1.0)
@@ -1214,9 +1151,7 @@ def test_a_point_less_than_two_collectives_ahead_is_too_close_to_confirm() -> No
 
 
 def test_a_rank_exactly_at_a_switch_has_not_passed_it() -> None:
-    host = Host(hold=0.0, activation_margin=100)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0, activation_margin=100)
     host.step(FULL, 0.0)
     at = host.entry().at
     host.advance(at - host.ranks[COMM][0].n)  # its next collective is the switch
@@ -1228,15 +1163,11 @@ def test_a_rank_exactly_at_a_switch_has_not_passed_it() -> None:
 
 
 def test_a_local_change_is_this_agents_own_and_a_cancel_is_final() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(2)
+    host = declared(2, activation_margin=50)
     host.step(CALM, 0.0)
     host.step(FULL, 0.1)
     assert host.entry().decision == 0 and host.entry().pending is False
-    raced = Host(activation_margin=50)
-    raced.declare()
-    raced.add(2)
+    raced = declared(2, activation_margin=50)
     raced.step(CALM, 0.0)
     race(raced)
     raced.step(FULL, 0.1)
@@ -1274,9 +1205,7 @@ def test_a_link_without_a_known_speed_counts_as_idle() -> None:
 
 
 def test_low_congestion_counts_as_congested_time_and_retransmits_are_remembered() -> None:
-    host = Host(hold=100.0)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=100.0)
     host.step(CALM, 0.0)
     host.step(BUSY, 1.0)
     host.step(BUSY, 2.0)
@@ -1289,9 +1218,7 @@ def test_low_congestion_counts_as_congested_time_and_retransmits_are_remembered(
 
 
 def test_a_job_absent_from_the_records_is_still_stepped() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.run(host.loop.step([FULL], {}, 1.0), 1.0)
     assert host.job.last_step == 1.0 and host.entry() is not None
@@ -1299,9 +1226,7 @@ def test_a_job_absent_from_the_records_is_still_stepped() -> None:
 
 
 def test_after_a_change_a_quiet_pass_writes_nothing_and_waits_for_nothing() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     writes = host.writes
     host.step(FULL, 0.5)
@@ -1309,9 +1234,7 @@ def test_after_a_change_a_quiet_pass_writes_nothing_and_waits_for_nothing() -> N
 
 
 def test_one_communicator_not_ready_does_not_hold_back_the_others() -> None:
-    host = Host()
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A)
     host.add(1, comm=B)
     slots = host.slots()
     slots[0] = dataclasses.replace(slots[0], flags=slots[0].flags | 0x10)  # A defers
@@ -1321,9 +1244,7 @@ def test_one_communicator_not_ready_does_not_hold_back_the_others() -> None:
 
 
 def test_a_communicator_without_ranks_this_pass_does_not_hold_back_the_others() -> None:
-    host = Host()
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A)
     host.add(1, comm=B)
     host.step(CALM, 0.0)
     host.run(host.loop.step([FULL], {JOB: host.slots(B)}, 0.1), 0.1)
@@ -1331,9 +1252,7 @@ def test_a_communicator_without_ranks_this_pass_does_not_hold_back_the_others() 
 
 
 def test_communicators_still_listed_are_kept_when_another_is_forgotten() -> None:
-    host = Host(stall=5.0)
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A, stall=5.0)
     host.add(1, comm=B)
     host.step(FULL, 6.0)
     host.run(host.loop.step([FULL], {JOB: host.slots(A)}, 7.0), 7.0)
@@ -1376,10 +1295,7 @@ def test_reports_list_communicators_by_id_and_skip_those_without_ranks() -> None
 
 def test_a_report_says_when_the_ranks_here_disagree() -> None:
     host = multi_host()
-    slots = host.slots()
-    slots[0] = dataclasses.replace(slots[0], collectives=900, switches=1, history=5,
-                                   last_switch=500)
-    slots[1] = dataclasses.replace(slots[1], collectives=900)
+    slots = disagreeing(host)
     host.sent.clear()
     host.run(host.loop.step([FULL], {JOB: slots}, 0.5), 0.5)
     (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
@@ -1397,9 +1313,7 @@ def test_an_armed_answer_carries_the_ranks_state() -> None:
 
 
 def test_a_withdrawn_job_waits_for_its_way_back_to_be_passed() -> None:
-    host = Host(activation_margin=100)
-    host.declare()
-    host.add(1)
+    host = declared(1, activation_margin=100)
     host.step(FULL, 0.0)
     host.advance(host.entry().at + 1)
     host.step(FULL, 0.5)
@@ -1417,9 +1331,7 @@ def test_a_withdrawn_job_waits_for_its_way_back_to_be_passed() -> None:
 
 
 def test_a_withdrawn_job_with_a_change_pending_waits_for_it() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(CALM, 0.0)
     host.job.entries[COMM] = host.loop._armed(host.job, host.job.comms[COMM], 5000,
                                               DERIVED.get("default"))
@@ -1476,9 +1388,7 @@ def test_jobs_after_a_retiring_or_multi_host_one_keep_their_actions() -> None:
 
 
 def test_rules_of_an_older_declaration_are_rebuilt_from_the_old_file_as_previous() -> None:
-    host = Host()
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A)
     host.add(1, comm=B)
     host.step(FULL, 0.0)
     host.advance(1, comm=A)
@@ -1505,9 +1415,7 @@ def test_rules_of_an_older_declaration_are_rebuilt_from_the_old_file_as_previous
 
 
 def test_every_change_a_dead_agent_armed_alone_is_cancelled() -> None:
-    host = Host()
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A)
     host.add(1, comm=B)
     host.step(CALM, 0.0)
     armed = [host.loop._armed(host.job, host.job.comms[c], 150, DERIVED.get("severe"))
@@ -1519,9 +1427,7 @@ def test_every_change_a_dead_agent_armed_alone_is_cancelled() -> None:
 
 
 def test_two_rebuilt_communicators_are_counted() -> None:
-    host = Host()
-    host.declare()
-    host.add(1, comm=A)
+    host = declared(1, comm=A)
     host.add(1, comm=B)
     host.step(FULL, 0.0)
     host.advance(1, comm=A)
@@ -1532,9 +1438,7 @@ def test_two_rebuilt_communicators_are_counted() -> None:
 
 
 def test_a_withdrawal_is_recorded() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.run(host.loop.withdraw(JOB, 1.0), 1.0)
     withdrawn = [c for c in host.job.history if c.kind == "withdrawn"]
@@ -1553,9 +1457,7 @@ def test_every_cancel_counts() -> None:
 
 
 def test_a_rank_that_already_took_the_armed_copy_confirms_it() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(2)
+    host = declared(2, activation_margin=50)
     host.step(CALM, 0.0)
     host.between.append(lambda: host.advance(1))  # both take the armed copy, below `at`
     host.step(FULL, 0.1)
@@ -1564,9 +1466,7 @@ def test_a_rank_that_already_took_the_armed_copy_confirms_it() -> None:
 
 
 def test_a_stale_refusal_number_without_the_flag_confirms() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(1)
+    host = declared(1, activation_margin=50)
     host.step(CALM, 0.0)
 
     def stale() -> None:
@@ -1584,9 +1484,7 @@ def test_a_stale_refusal_number_without_the_flag_confirms() -> None:
 
 
 def test_a_fall_is_dated_by_its_own_pass_and_a_late_rise_by_its_onset() -> None:
-    host = Host(hold=0.0, max_changes_per_minute=2)
-    host.declare()
-    host.add(1)
+    host = declared(1, hold=0.0, max_changes_per_minute=2)
     host.step(FULL, 0.0)                   # pass 1: severe (rise)
     host.advance(100_000)
     host.step(BUSY, 1.0)
@@ -1657,9 +1555,7 @@ def test_a_communicator_without_live_ranks_is_never_ready() -> None:
 
 
 def test_an_orphan_says_why_it_waits() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
+    host = declared(1)
     host.step(FULL, 0.0)
     host.advance(1)
     rank = host.ranks[COMM][0]
