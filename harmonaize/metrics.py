@@ -1,5 +1,9 @@
 """Self-metrics in Prometheus' text format (0.0.4), served on ``GET /metrics``.
 
+The text itself is written by prometheus_client (the ecosystem's reference
+exposition); what is ours is where the numbers come from and how they are
+served.
+
 A :class:`Registry` holds *collectors*: functions that read a daemon's own
 counters at scrape time and return :class:`Family` objects. Nothing is
 stored between scrapes, so there is no second copy of any state to keep in
@@ -20,13 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, ClassVar
+
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
 
 from harmonaize.schema import Str
 
@@ -117,39 +123,34 @@ def gauge(name: str, help: str) -> Family:
 Collector = Callable[[], Iterable[Family]]
 
 
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def escape_label_value(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 2**63:
-        return str(int(value))
-    return repr(value)
-
-
 def render(families: Iterable[Family]) -> str:
-    """The text exposition of ``families``; one family per name."""
-    lines: list[str] = []
+    """The text exposition of ``families`` (one family per name), written by
+    prometheus_client: its escaping and number formats are the reference ones."""
     seen: set[str] = set()
+    metrics = []
     for family in families:
         if family.name in seen:
             raise ValueError(f"metric {family.name!r} appears twice")
         seen.add(family.name)
-        lines.append(f"# HELP {family.name} {escape_help(family.help)}")
-        lines.append(f"# TYPE {family.name} {family.type.value}")
+        # prometheus_client names a counter family without its _total suffix and
+        # writes the suffix on the samples and the HELP/TYPE lines itself.
+        base = family.name.removesuffix("_total") if family.type is MetricType.COUNTER \
+            else family.name
+        metric = Metric(base, family.help, family.type.value)
         for labels, value in family.samples:
-            text = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
-            lines.append(f"{family.name}{{{text}}} {format_value(value)}" if text
-                         else f"{family.name} {format_value(value)}")
-    return "\n".join(lines) + "\n"
+            metric.add_sample(family.name, dict(labels), value)
+        metrics.append(metric)
+    return generate_latest(_Snapshot(metrics)).decode()
+
+
+class _Snapshot:
+    """One scrape's metrics, in the shape prometheus_client's exposition reads."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self._metrics
 
 
 class Registry:

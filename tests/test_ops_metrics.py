@@ -95,10 +95,17 @@ def test_values_render_as_prometheus_expects() -> None:
     for v in (3, 0.25, float("nan"), float("inf"), float("-inf"), True):
         family.add(v, i=str(v))
     text = render([family])
-    assert 'i="3"} 3\n' in text and 'i="0.25"} 0.25\n' in text
-    assert "NaN" in text and "+Inf" in text and "-Inf" in text and 'i="True"} 1\n' in text
+    assert 'i="3"} 3.0\n' in text and 'i="0.25"} 0.25\n' in text
+    assert "NaN" in text and "+Inf" in text and "-Inf" in text and 'i="True"} 1.0\n' in text
     (family,) = text_string_to_metric_families(text)
     assert len(family.samples) == 6
+
+
+def test_counters_are_written_with_their_total_suffix_once() -> None:
+    text = render([counter("harmonaize_test_events_total", "events").add(4, kind="x")])
+    assert "# TYPE harmonaize_test_events_total counter\n" in text
+    assert 'harmonaize_test_events_total{kind="x"} 4.0\n' in text
+    assert "_total_total" not in text
 
 
 def test_naming_rules_are_enforced() -> None:
@@ -163,7 +170,7 @@ def test_the_server_answers_only_get_metrics_and_keeps_serving() -> None:
 
     answers = asyncio.run(run())
     assert answers["get"].startswith(b"HTTP/1.1 200 OK\r\n")
-    assert b"harmonaize_test_hits_total 7\n" in answers["get"]
+    assert b"harmonaize_test_hits_total 7.0\n" in answers["get"]
     head, _, body = answers["head"].partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and body == b""
     assert answers["other_path"].startswith(b"HTTP/1.1 404")
