@@ -24,8 +24,8 @@ import zmq.asyncio
 from agent import config as agent_config
 from agent import selfmetrics
 from agent.config import AgentConfig
-from agent.gpuhealth import GpuView
-from agent.gpuviews import gpu_row, health_row
+from agent.gpu.health import GpuView
+from agent.gpu.views import gpu_row, health_row
 from agent.health import HealthStep, HostHealthEngine, Republisher
 from agent.observations import Observations
 from agent.observers import ObserverSet

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from agent.observers.gpu import GpuSample
+from agent.gpu.types import GpuSample
 from agent.observers.host import HostSample
 from agent.observers.links import LinkSample
 from agent.observers.rdma import RdmaSample

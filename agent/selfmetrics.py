@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from agent.gpuhealth import GpuState
+from agent.gpu.health import GpuState
 from agent.observers.base import State
 from agent.observers.links import LinksObserver
 from harmonaize import __version__

@@ -8,18 +8,19 @@ import pytest
 
 from agent.config import GpuObserverSection
 from agent.gpu.actions import Action
-from agent.gpu.jobs import JobRef
-from agent.gpu.nvml import (
-    FIELDS,
+from agent.gpu.health import GpuHealthEngine, GpuState
+from agent.gpu.nvml import FIELDS
+from agent.gpu.types import (
     XID_EVENT,
     GpuCounters,
     GpuIdentity,
+    GpuSample,
     GpuSnapshot,
     GpuTelemetry,
+    JobRef,
     NvmlEvent,
+    gpu_class_of,
 )
-from agent.gpuhealth import GpuHealthEngine, GpuState
-from agent.observers.gpu import GpuSample, gpu_class_of
 from harmonaize.messages import Urgency
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from agent.gpu.actions import Action
-from agent.gpu.jobs import JobRef
-from agent.gpu.nvml import FIELDS, GpuCounters, GpuIdentity, GpuSnapshot, GpuTelemetry
+from agent.gpu.nvml import FIELDS
+from agent.gpu.types import GpuCounters, GpuIdentity, GpuSnapshot, GpuTelemetry, JobRef
 from agent.validation import baseline
 from agent.validation.checks import (
     CheckResult,

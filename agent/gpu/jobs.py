@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from agent.gpu.types import JobRef
 
 _IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 MAX_ENVIRON = 256 * 1024
-
-
-@dataclass(frozen=True)
-class JobRef:
-    job: str
-    rank: str | None = None
 
 
 def parse_environ(data: bytes, keys: Sequence[str]) -> dict[str, str]:

@@ -26,6 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from agent.gpu.types import (
+    WANTED_EVENTS,
+    GpuCounters,
+    GpuIdentity,
+    GpuProcess,
+    GpuSnapshot,
+    GpuTelemetry,
+    NvmlEvent,
+)
 from harmonaize.threads import set_os_thread_name
 
 log = logging.getLogger(__name__)
@@ -53,14 +62,6 @@ FIELDS: dict[str, int] = {
     "recovery_action": 230,
 }
 _VALUE_ATTRS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
-
-XID_EVENT = 0x8
-SBE_EVENT = 0x1
-DBE_EVENT = 0x2
-RETIREMENT_EVENTS = 0x400 | 0x800
-RECOVERY_EVENT = 0x8000
-WANTED_EVENTS = XID_EVENT | SBE_EVENT | DBE_EVENT | RETIREMENT_EVENTS | RECOVERY_EVENT
-
 
 class NvmlUnavailable(Exception):
     """No usable NVML here (no library, no driver, no GPUs)."""
@@ -97,72 +98,6 @@ def bounded(fn: Callable[..., T], timeout: float, *args: Any) -> T:
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-@dataclass(frozen=True)
-class GpuIdentity:
-    index: int
-    uuid: str
-    name: str
-    pci_bus_id: str
-    pcie_max_gen: int | None
-    pcie_max_width: int | None
-    nvlinks: int
-
-
-@dataclass(frozen=True)
-class GpuCounters:
-    """Monotonic counters and flags; None where the GPU does not support one."""
-
-    values: dict[str, int | None]
-    clocks_event_reasons: int | None
-
-    def get(self, name: str) -> int | None:
-        return self.values.get(name)
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    used_bytes: int
-
-
-@dataclass(frozen=True)
-class GpuTelemetry:
-    temperature_c: int | None
-    power_w: float | None
-    power_limit_w: float | None
-    sm_clock_mhz: int | None
-    max_sm_clock_mhz: int | None
-    mem_clock_mhz: int | None
-    util_gpu: int | None
-    util_mem: int | None
-    mem_total: int | None
-    mem_used: int | None
-    pcie_gen: int | None
-    pcie_width: int | None
-    nvlinks_up: int | None
-    processes: tuple[GpuProcess, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuSnapshot:
-    identity: GpuIdentity
-    counters: GpuCounters | None = None
-    telemetry: GpuTelemetry | None = None
-    lost: bool = False
-    #: The NVML call this GPU's worker is stuck in, and for how long (seconds).
-    hung_call: str | None = None
-    hung_for: float = 0.0
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class NvmlEvent:
-    gpu: int
-    type: int
-    data: int
-    time: float
 
 
 def _nvml() -> Any:

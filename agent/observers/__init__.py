@@ -1,6 +1,7 @@
 """Observers register themselves on import; importing this package loads them all."""
 
-from agent.observers import gpu, host, links, rdma  # noqa: F401  (each registers itself)
+import agent.gpu.observer  # noqa: F401  (registers itself; the GPU domain lives in agent.gpu)
+from agent.observers import host, links, rdma  # noqa: F401  (each registers itself)
 from agent.observers.base import FeatureAbsent, Observer, ObserverSet, registered
 
 __all__ = ["FeatureAbsent", "Observer", "ObserverSet", "registered"]

@@ -21,8 +21,8 @@ from enum import StrEnum
 from typing import Any
 
 from agent.gpu.actions import RECOVERY_ACTIONS, Action
-from agent.gpu.nvml import GpuSnapshot
-from agent.gpuhealth import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL
+from agent.gpu.health import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL
+from agent.gpu.types import GpuSnapshot
 
 
 class Outcome(StrEnum):

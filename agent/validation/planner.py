@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agent.gpu.jobs import JobRef
+from agent.gpu.types import JobRef
 
 #: Triggers that an operator asked for: exempt from cooldowns.
 OPERATOR_TRIGGERS = frozenset({"operator", "release"})

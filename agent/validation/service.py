@@ -23,7 +23,7 @@ from typing import Any
 
 from agent.config import ValidationSection
 from agent.gpu.actions import Action
-from agent.gpuhealth import GpuHealthEngine, GpuState, GpuView
+from agent.gpu.health import GpuHealthEngine, GpuState, GpuView
 from agent.validation.checks import CommandSpec, Outcome, StaticLimits, Target
 from agent.validation.history import History, Quarantine
 from agent.validation.planner import Device, Planner, PlannerSettings

@@ -23,10 +23,8 @@ from enum import StrEnum
 from agent.conditions import ConditionTracker, Finding
 from agent.config import GpuObserverSection
 from agent.gpu.actions import RECOVERY_ACTIONS, Action, worst
-from agent.gpu.jobs import JobRef
-from agent.gpu.nvml import XID_EVENT, GpuCounters, GpuSnapshot, GpuTelemetry
+from agent.gpu.types import XID_EVENT, GpuCounters, GpuSample, GpuSnapshot, GpuTelemetry, JobRef
 from agent.gpu.xid import Effect, Reason, lookup
-from agent.observers.gpu import GpuSample
 from harmonaize.messages import (
     Advice,
     Condition,

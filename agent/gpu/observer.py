@@ -7,31 +7,13 @@ the last sample, and the provider's job label of every process on each GPU.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import AgentConfig, GpuObserverSection
-from agent.gpu.jobs import JobRef, JobResolver
-from agent.gpu.nvml import GpuSnapshot, Nvml, NvmlEvent, NvmlUnavailable, preload
+from agent.gpu.jobs import JobResolver
+from agent.gpu.nvml import Nvml, NvmlUnavailable, preload
+from agent.gpu.types import GpuSample, JobRef, gpu_class_of
 from agent.observers.base import FeatureAbsent, Observer, register
-
-
-def gpu_class_of(name: str) -> str:
-    """A GPU class from the model name: "NVIDIA H200" -> "H200"."""
-    words = [w for w in re.split(r"[^A-Za-z0-9.+-]+", name) if w]
-    words = [w for w in words if w.upper() not in ("NVIDIA", "TESLA", "GEFORCE", "QUADRO")]
-    return "-".join(words[:2]) or "unknown"
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    gpus: tuple[GpuSnapshot, ...]
-    events: tuple[NvmlEvent, ...]
-    #: Per GPU index, the jobs (as the provider labels them) of its processes.
-    jobs: dict[int, tuple[JobRef, ...]] = field(default_factory=dict)
-    #: Seconds after which a GPU stuck in one NVML call counts as unresponsive.
-    call_timeout: float = 2.0
 
 
 class GpuObserver(Observer):
@@ -108,4 +90,4 @@ def _factory(cfg: AgentConfig) -> Observer:
 
 register("gpu", _factory, enabled=lambda cfg: cfg.observers.gpu.enabled)
 
-__all__ = ["GpuObserver", "GpuSample", "gpu_class_of"]
+__all__ = ["GpuObserver"]

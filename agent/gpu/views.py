@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.gpuhealth import GpuView, holding
+from agent.gpu.health import GpuView, holding
 from harmonaize.schema import to_plain
 
 
