@@ -117,6 +117,19 @@ class FeedHub:
     _requests: dict[str, TokenBucket] = field(default_factory=dict)
     _replays: dict[str, TokenBucket] = field(default_factory=dict)
 
+    def configure(self, budgets: Budgets) -> None:
+        """A reload's budgets apply to every tenant at once, not only to tenants first
+        seen after it: each bucket takes the new rate and burst, and keeps what it has
+        saved up to the new burst."""
+        self.budgets = budgets
+        for buckets, rate, burst in ((self._requests, budgets.request_rate,
+                                      budgets.request_burst),
+                                     (self._replays, budgets.replay_rate,
+                                      budgets.replay_burst)):
+            for bucket in buckets.values():
+                bucket.rate, bucket.burst = rate, burst
+                bucket.tokens = min(bucket.tokens, burst)
+
     def admit(self, tenant: str, now: float) -> bool:
         """Whether the tenant may make one more request now."""
         bucket = self._requests.get(tenant)

@@ -670,7 +670,7 @@ class ControllerServer:
             auth=old.auth, metrics=old.metrics)
         self.cluster.missed_heartbeats = new.liveness.missed_heartbeats
         self.hub.renew = new.feed.renew
-        self.hub.budgets = _budgets(new)
+        self.hub.configure(_budgets(new))
         if new.redaction != old.redaction:
             self.redactor.cfg = new.redaction
             self.cluster.changed = True  # recompute what tenants see under the new rules

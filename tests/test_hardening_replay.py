@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from controller.feed import TokenBucket
+from controller.feed import Budgets, FeedHub, TokenBucket
 from harmonaize import messages as m
 from harmonaize.messages import encode
 from tests.conftest import needs_root
@@ -27,6 +27,18 @@ def test_a_token_bucket_grants_its_burst_then_its_rate() -> None:
     assert bucket.take(100, 2.0) == 20  # 2 s at 10 a second
     assert bucket.take(100, 1000.0) == 50  # never more than the burst saved up
     assert bucket.take(1, 999.0) == 0  # time going backwards adds nothing
+
+
+def test_a_reload_changes_the_budgets_of_tenants_already_seen() -> None:
+    hub = FeedHub(budgets=Budgets(request_rate=1.0, request_burst=100.0,
+                                  replay_rate=1.0, replay_burst=1000.0))
+    assert hub.admit("alpha", 0.0) and hub.replay_allowance("alpha", 10, 0.0) == 10
+    hub.configure(Budgets(request_rate=1.0, request_burst=2.0, replay_rate=5.0,
+                          replay_burst=20.0))
+    assert [hub.admit("alpha", 0.0) for _ in range(3)] == [True, True, False]
+    assert hub.replay_allowance("alpha", 100, 0.0) == 20  # the new burst, not 990 left
+    assert hub.replay_allowance("alpha", 100, 2.0) == 10  # the new rate: 5 a second
+    assert [hub.admit("beta", 0.0) for _ in range(3)] == [True, True, False]  # new ones too
 
 
 @needs_root
