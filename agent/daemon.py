@@ -27,9 +27,9 @@ from agent.config import AgentConfig
 from agent.gpu.health import GpuView
 from agent.gpu.views import gpu_row, health_row
 from agent.health import HealthStep, HostHealthEngine, Republisher
+from agent.links.observer import LinksObserver, links_table
 from agent.observations import Observations
 from agent.observers import ObserverSet
-from agent.observers.links import LinksObserver, links_table
 from agent.spool import Spool
 from agent.tuning.service import TuningService
 from agent.uplink import Uplink

@@ -14,7 +14,7 @@ from typing import Any
 from agent.conditions import ConditionTracker, Finding, health_of
 from agent.config import ObserversSection
 from agent.gpu.health import GpuHealthEngine, GpuStep
-from agent.linkhealth import LinkHealthEngine, LinkLevels, views
+from agent.links.health import LinkHealthEngine, LinkLevels, views
 from agent.observations import Observations
 from harmonaize.messages import HostEvent, HostSummary, JobAdvisory, Severity
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from agent.gpu.types import GpuSample
+from agent.links.types import LinkSample
 from agent.observers.host import HostSample
-from agent.observers.links import LinkSample
-from agent.observers.rdma import RdmaSample
+from agent.rdma.types import RdmaSample
 
 _TYPES = {"host": HostSample, "links": LinkSample, "rdma": RdmaSample, "gpu": GpuSample}
 

@@ -11,8 +11,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from agent.gpu.health import GpuState
+from agent.links.observer import LinksObserver
 from agent.observers.base import State
-from agent.observers.links import LinksObserver
 from harmonaize import __version__
 from harmonaize.messages import Health, Status
 from harmonaize.metrics import Family, counter, gauge

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.net.sysfs import DevCounters, parse_proc_net_dev
+from agent.links.sysfs import DevCounters, parse_proc_net_dev
 from harmonaize.testbed.dropper import Dropper
 from harmonaize.testbed.netns import Lab
 from tests.conftest import needs_root, python

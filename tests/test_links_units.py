@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from agent.config import LinksSection, RdmaSection
-from agent.linkhealth import LevelHold, LinkHealthEngine, LinkView, congestion_of, errors_of
-from agent.net.sysfs import NetDevice, parse_proc_net_dev, parse_snmp
-from agent.net.tracefs import parse_format
+from agent.links.health import LevelHold, LinkHealthEngine, LinkView, congestion_of, errors_of
+from agent.links.observer import select
+from agent.links.sysfs import NetDevice, parse_proc_net_dev, parse_snmp
+from agent.links.tracefs import parse_format
 from agent.observers.base import FeatureAbsent
-from agent.observers.links import select
-from agent.observers.rdma import RdmaObserver, counter_delta
+from agent.rdma.observer import RdmaObserver, counter_delta
 from harmonaize.messages import Level
 from tests.conftest import FIXTURES
 

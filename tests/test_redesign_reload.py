@@ -23,7 +23,7 @@ from agent.config import (
 )
 from agent.gpu.health import GpuState
 from agent.health import HostHealthEngine
-from agent.linkhealth import LinkHealthEngine, LinkView
+from agent.links.health import LinkHealthEngine, LinkView
 from agent.observations import Observations
 from harmonaize.messages import Level
 from tests.conftest import needs_root

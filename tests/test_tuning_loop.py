@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.config import LinksSection
-from agent.linkhealth import LinkView
+from agent.links.health import LinkView
 from agent.tuning.loop import (
     Action,
     LoopSettings,

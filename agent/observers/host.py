@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import psutil
 
 from agent.config import AgentConfig
-from agent.net.sysfs import ProcFile
+from agent.links.sysfs import ProcFile
 from agent.observers.base import Observer, register
 
 

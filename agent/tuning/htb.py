@@ -40,11 +40,11 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agent.net import bpfload
-from agent.net.bpfload import Loaded
-from agent.net.datapath import BpfUnavailable, default_bpf_dir, headers_present
-from agent.net.netlink import Netlink
-from agent.net.tc import EGRESS, Tc
+from agent.links import bpfload
+from agent.links.bpfload import Loaded
+from agent.links.datapath import BpfUnavailable, default_bpf_dir, headers_present
+from agent.links.netlink import Netlink
+from agent.links.tc import EGRESS, Tc
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.config import LinksSection
-from agent.linkhealth import LevelHold, LinkView, congestion_of
+from agent.links.health import LevelHold, LinkView, congestion_of
 from agent.tuning.policies import (
     CHOICE_NAMES,
     DEFAULT,

@@ -34,10 +34,10 @@ from typing import Any
 
 from agent.conditions import Finding
 from agent.config import LinksSection, TuningSection
-from agent.linkhealth import views
-from agent.net import sysfs
+from agent.links import sysfs
+from agent.links.health import views
+from agent.links.types import LinkSample
 from agent.observations import Observations
-from agent.observers.links import LinkSample
 from agent.tuning import nextlaunch
 from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
 from agent.tuning.loop import (

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import LinksSection, TuningSection
+from agent.links.types import LinkRates, LinkSample
 from agent.observations import Observations
-from agent.observers.links import LinkRates, LinkSample
 from agent.tuning.service import TuningService
 from agent.tuning.shm import policy_path, prepare_dirs
 from controller.agreement import Agreement, AgreementSettings

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig, LinkMode, LinksSection
-from agent.net import sysfs
-from agent.net.datapath import (
+from agent.links import sysfs
+from agent.links.datapath import (
     BYTES,
     CE,
     CLASSES,
@@ -36,8 +36,9 @@ from agent.net.datapath import (
     Prefix,
     dscp_map,
 )
-from agent.net.netlink import Netlink
-from agent.net.sysfs import DevCounters, NetDevice
+from agent.links.netlink import Netlink
+from agent.links.sysfs import DevCounters, NetDevice
+from agent.links.types import ClassRates, LinkRates, LinkSample
 from agent.observers.base import FeatureAbsent, Observer, register
 
 log = logging.getLogger(__name__)
@@ -50,55 +51,6 @@ DEV_PERIOD = 1.0
 #: Operational state is read at most this often (seconds): it rarely changes, and
 #: reading it per interface every interval costs more than the counters do.
 STATE_PERIOD = 1.0
-
-
-@dataclass(frozen=True)
-class ClassRates:
-    cls: int
-    rx_bps: float
-    tx_bps: float
-    rx_bytes_total: int = 0
-    tx_bytes_total: int = 0
-
-
-@dataclass(frozen=True)
-class LinkRates:
-    name: str
-    link_class: str
-    up: bool
-    speed_mbps: int | None
-    rx_bps: float
-    tx_bps: float
-    rx_pps: float
-    tx_pps: float
-    rx_utilization: float | None
-    tx_utilization: float | None
-    #: Share of received packets that were ECN-capable / CE-marked (eBPF mode only).
-    ect_fraction: float
-    ce_fraction: float
-    retransmits_per_s: float
-    drops_per_s: float
-    errors_per_s: float
-    classes: tuple[ClassRates, ...] = ()
-    #: Cumulative counts: since attach in eBPF mode, the interface's own in proc mode.
-    totals: tuple[int, int, int, int] = (0, 0, 0, 0)  # rx bytes, tx bytes, rx pkts, tx pkts
-    #: Retransmitted segments per packet sent, over the retransmissions' own span.
-    retransmit_fraction: float = 0.0
-
-    @property
-    def utilization(self) -> float | None:
-        """The busier direction, 0..1, or None when the speed is unknown."""
-        values = [u for u in (self.rx_utilization, self.tx_utilization) if u is not None]
-        return max(values) if values else None
-
-
-@dataclass(frozen=True)
-class LinkSample:
-    mode: str
-    interval: float
-    links: tuple[LinkRates, ...]
-    #: Host-wide retransmitted segments per second (all interfaces).
-    retransmits_per_s: float
 
 
 def select(devices: Iterable[NetDevice], cfg: LinksSection) -> list[NetDevice]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.config import AgentConfig, RdmaSection
 from agent.observers.base import FeatureAbsent, Observer, register
+from agent.rdma.types import RdmaPortRates, RdmaSample
 
 DEFAULT_CLASS = "data"
 U32 = 1 << 32
@@ -38,55 +39,6 @@ def counter_delta(previous: int, current: int) -> tuple[int, bool]:
     if U32 // 2 <= previous < U32:
         return current + U32 - previous, False
     return current, False
-
-
-@dataclass(frozen=True)
-class RdmaPortRates:
-    device: str
-    port: int
-    netdev: str
-    link_class: str
-    link_layer: str
-    state: str
-    up: bool
-    rate_gbps: float | None
-    tx_bps: float
-    rx_bps: float
-    tx_pps: float
-    rx_pps: float
-    tx_utilization: float | None
-    rx_utilization: float | None
-    #: CNPs this port sent as a receiver seeing ECN marks / handled as a throttled sender.
-    cnp_sent_per_s: float
-    cnp_handled_per_s: float
-    ecn_marked_per_s: float
-    out_of_sequence_per_s: float
-    retransmits_per_s: float
-    errors_per_s: float
-    saturated: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return f"{self.device}/{self.port}"
-
-    @property
-    def utilization(self) -> float | None:
-        values = [u for u in (self.rx_utilization, self.tx_utilization) if u is not None]
-        return max(values) if values else None
-
-    @property
-    def congestion_fraction(self) -> float:
-        """CNPs handled per packet sent, or ECN marks per packet received: the worse."""
-        handled = self.cnp_handled_per_s / self.tx_pps if self.tx_pps else 0.0
-        marked = self.ecn_marked_per_s / self.rx_pps if self.rx_pps else 0.0
-        return max(handled, marked)
-
-
-@dataclass(frozen=True)
-class RdmaSample:
-    ports: tuple[RdmaPortRates, ...]
-    #: Ports that were there at start and are gone now.
-    missing: tuple[str, ...] = ()
 
 
 RETRANSMIT_COUNTERS = (

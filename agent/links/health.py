@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from agent.conditions import Finding
 from agent.config import LinksSection
-from agent.observers.links import LinkSample
-from agent.observers.rdma import RdmaSample
+from agent.links.types import LinkSample
+from agent.rdma.types import RdmaSample
 from harmonaize.messages import Level, LinkHealth, Severity
 
 

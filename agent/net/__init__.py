@@ -1,1 +1,0 @@
-"""Network observation: sysfs/procfs readers, tracefs formats, the eBPF datapath, tc."""

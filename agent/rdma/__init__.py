@@ -1,0 +1,1 @@
+"""InfiniBand and RoCE ports: types, and the sysfs observer."""
