@@ -362,7 +362,7 @@ class AgentDaemon:
         if self.validation is not None:
             self.validation.step(result.gpus.gpus, now)
         if self.tuning is not None:
-            self.tuning.step(observations, now)
+            self.tuning.step(observations, result.links.judged, now)
         if self.republisher.due(result.summary, now) and self.uplink is not None:
             self.uplink.publish(result.summary)
 
@@ -497,6 +497,7 @@ class AgentDaemon:
         def with_levels(row: dict[str, Any]) -> dict[str, Any]:
             level = levels.get(row["name"])
             return {**row, "congestion": level.congestion.value if level else None,
+                    "congestion_now": level.raw_congestion.value if level else None,
                     "errors": level.errors.value if level else None}
 
         return {

@@ -14,7 +14,7 @@ from typing import Any
 from agent.conditions import ConditionTracker, Finding, health_of
 from agent.config import ObserversSection
 from agent.gpu.health import GpuHealthEngine, GpuStep
-from agent.links.health import LinkHealthEngine, LinkLevels, views
+from agent.links.health import LinkHealthEngine, LinkLevels, LinkStep, views
 from agent.observations import Observations
 from harmonaize.messages import HostEvent, HostSummary, JobAdvisory, Severity
 
@@ -31,6 +31,8 @@ class HealthStep:
     events: list[HostEvent]
     advisories: list[JobAdvisory]
     gpus: GpuStep
+    #: The pass's link step: held levels for health, raw judgements for tuning.
+    links: LinkStep
 
 
 class HostHealthEngine:
@@ -111,7 +113,7 @@ class HostHealthEngine:
                 and all(
                 a is b or a == b for a, b in zip(inputs, self._last[0], strict=True)):
             previous = self._last[2]
-            return HealthStep(previous.summary, [], [], previous.gpus)
+            return HealthStep(previous.summary, [], [], previous.gpus, previous.links)
         step = self._step(observations, now, failing, drained, validation_failure,
                           extra=extra)
         self._last = (inputs, now, step)
@@ -144,7 +146,7 @@ class HostHealthEngine:
             conditions=conditions,
             links=link_step.health,
         )
-        return HealthStep(summary, events, gpu_step.advisories, gpu_step)
+        return HealthStep(summary, events, gpu_step.advisories, gpu_step, link_step)
 
 
 class Republisher:

@@ -29,7 +29,7 @@ from harmonaize.messages import (
     TuningRange,
 )
 from harmonaize.testbed.ranks import RankKit, stop
-from harmonaize.testbed.tuningsim import link_sample
+from harmonaize.testbed.tuningsim import link_judgements, link_sample
 from tests.conftest import needs_root
 from tests.daemons import wait_until
 
@@ -72,7 +72,7 @@ def test_a_tenants_rank_is_tuned_and_another_tenant_sees_nothing(workdir: Path, 
         def seen() -> bool:
             nonlocal now
             now += 0.1
-            service.step(Observations(links=link_sample(0)), now)
+            service.step(Observations(links=link_sample(0)), link_judgements(0), now)
             return bool(service.stats.get(JOB))
 
         wait_until(seen, timeout=20, what="the tenant's rank in the stats")
@@ -93,7 +93,7 @@ def test_a_tenants_rank_is_tuned_and_another_tenant_sees_nothing(workdir: Path, 
         # Congestion: the tenant's rank switches at the agreed point.
         for _ in range(5):
             now += 0.1
-            service.step(Observations(links=link_sample(2)), now)
+            service.step(Observations(links=link_sample(2)), link_judgements(2), now)
             time.sleep(0.1)
         entry = service.loop.jobs[JOB].entries[COMM]
         assert entry.after == "severe" and not entry.pending

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.config import LinksSection
-from agent.links.health import LinkView
+from agent.links.health import LinkJudgement, LinkView, judge
 from agent.tuning.loop import (
     Action,
     LoopSettings,
@@ -66,6 +66,11 @@ def link(utilization: float, name: str = "eth0", link_class: str = "data") -> Li
     return LinkView(name, link_class, True, utilization, 0.0, 0.0, 0.0, 1e5)
 
 
+def judged(links: Sequence[LinkView]) -> list[LinkJudgement]:
+    """The link step's judgement of each link, as the daemon hands it to the loop."""
+    return [judge(view, THRESHOLDS) for view in links]
+
+
 CALM, BUSY, FULL = link(0.1), link(0.7), link(0.95)
 HISTORY_KINDS = {"declared", "adopted", "withdrawn", "local", "armed", "confirmed",
                  "cancelled", "refused", "diverged"}
@@ -75,7 +80,7 @@ class Host:
     """A loop and its ranks, wired as :class:`TuningService` wires loop and plugin."""
 
     def __init__(self, **overrides: object) -> None:
-        self.loop = TuningLoop(LoopSettings(**overrides), THRESHOLDS)  # type: ignore[arg-type]
+        self.loop = TuningLoop(LoopSettings(**overrides))  # type: ignore[arg-type]
         self.ranks: dict[int, list[ReferenceContext]] = {}
         self.sizes: dict[int, tuple[int, int]] = {}
         self.policy = Policy(0)
@@ -144,7 +149,7 @@ class Host:
                 r.call()
 
     def step(self, view: LinkView, now: float) -> None:
-        self.run(self.loop.step([view], {self.name: self.slots()}, now), now)
+        self.run(self.loop.step(judged([view]), {self.name: self.slots()}, now), now)
 
     @property
     def job(self):
@@ -280,7 +285,7 @@ def test_a_rank_in_doubt_blocks_arming(tamper, why) -> None:
     host.add(2)
     slots = host.slots()
     slots[1] = tamper(slots[1])
-    host.run(host.loop.step([FULL], {JOB: slots}, 0.0), 0.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.0), 0.0)
     assert host.entry() is None
     assert why in host.job.waiting
 
@@ -323,9 +328,9 @@ def test_entries_outlive_a_missed_listing_but_not_the_stall_time() -> None:
     host.declare()
     host.add(1)
     host.step(FULL, 0.0)
-    host.run(host.loop.step([FULL], {JOB: []}, 1.0), 1.0)  # one listing found nothing
+    host.run(host.loop.step(judged([FULL]), {JOB: []}, 1.0), 1.0)  # one listing found nothing
     assert host.entry() is not None
-    host.run(host.loop.step([FULL], {JOB: []}, 11.0), 11.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: []}, 11.0), 11.0)
     assert host.entry() is None
 
 
@@ -563,7 +568,7 @@ def test_local_disagreement_is_detected() -> None:
     slots[0] = dataclasses.replace(slots[0], collectives=900, switches=1, history=5,
                                    last_switch=500)
     slots[1] = dataclasses.replace(slots[1], collectives=900)
-    host.run(host.loop.step([CALM], {JOB: slots}, 0.0), 0.0)
+    host.run(host.loop.step(judged([CALM]), {JOB: slots}, 0.0), 0.0)
     assert host.job.diverged and "passed collective 500" in host.job.diverged[0]
     assert host.job.history[-1].kind == "diverged"
 
@@ -682,7 +687,7 @@ def test_every_declared_job_is_stepped() -> None:
     second_ranks = [ReferenceContext(), ReferenceContext()]
     slots = {JOB: first.slots(),
              "job-2": [r.slot(200 + i, 0xB0B, 2, 1, FILE) for i, r in enumerate(second_ranks)]}
-    actions = loop.step([FULL], slots, 0.0)
+    actions = loop.step(judged([FULL]), slots, 0.0)
     written = {a.job for a in actions if isinstance(a, WritePolicy)}
     assert written == {JOB, "job-2"}
 

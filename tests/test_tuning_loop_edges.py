@@ -48,6 +48,7 @@ from tests.test_tuning_loop import (
     THRESHOLDS,
     Host,
     arm,
+    judged,
     link,
     multi_host,
     race,
@@ -136,7 +137,7 @@ def test_wire_ids_keep_62_bits() -> None:
 
 
 def test_a_declaration_is_written_once_and_a_repeat_changes_nothing() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     assert loop.declare(DECLARATION, 0.0) == [WritePolicy(JOB, ())]
     (first,) = loop.jobs[JOB].history
     assert (first.kind, first.before, first.after, first.reason, first.time) == (
@@ -166,7 +167,7 @@ def test_a_withdrawn_job_declared_again_is_kept() -> None:
 
 
 def test_withdrawing_or_filing_an_unknown_job() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     with pytest.raises(ValueError, match="no declaration for job job-x"):
         loop.withdraw("job-x", 0.0)
     loop.file("job-x", FILE)  # nothing to file it under: ignored
@@ -188,37 +189,39 @@ def test_history_is_bounded() -> None:
 
 
 def test_only_up_links_of_the_configured_classes_count() -> None:
-    loop = TuningLoop(LoopSettings(link_classes=("data", "rdma")), THRESHOLDS)
+    loop = TuningLoop(LoopSettings(link_classes=("data", "rdma")))
     down = dataclasses.replace(FULL, name="eth9", up=False)
     storage = link(0.95, name="sda-net", link_class="storage")
-    assert loop._links([down, storage])[0] is Level.NONE
-    level, evidence, _ = loop._links([CALM, link(0.95, name="ib0", link_class="rdma"), BUSY])
+    assert loop._links(judged([down, storage]))[0] is Level.NONE
+    ib = link(0.95, name="ib0", link_class="rdma")
+    level, evidence, _ = loop._links(judged([CALM, ib, BUSY]))
     assert level is Level.HIGH
     assert evidence == "ib0: high: utilization 95%, CE/CNP 0.00%, retransmits 0.00%"
-    quiet = loop._links([CALM])
+    quiet = loop._links(judged([CALM]))
     assert quiet == (Level.NONE, "no congestion on the job's links", False)
 
 
 def test_the_worst_link_names_the_evidence_and_the_first_one_wins_a_tie() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
-    _, evidence, _ = loop._links([link(0.95, name="a"), link(0.99, name="b"), BUSY])
+    loop = TuningLoop(LoopSettings())
+    _, evidence, _ = loop._links(judged([link(0.95, name="a"), link(0.99, name="b"), BUSY]))
     assert evidence.startswith("a: high: utilization 95%")
-    _, evidence, _ = loop._links([BUSY, link(0.95, name="z")])
+    _, evidence, _ = loop._links(judged([BUSY, link(0.95, name="z")]))
     assert evidence.startswith("z: high")
 
 
 def test_retransmissions_count_only_on_busy_links() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     share = THRESHOLDS.retransmit_low
     busy = link(0.1)
     busy = dataclasses.replace(busy, retransmit_fraction=share,
                                packets_per_s=THRESHOLDS.min_packets_per_s)
-    assert loop._links([busy])[2] is True
+    assert loop._links(judged([busy]))[2] is True
     idle = dataclasses.replace(busy, packets_per_s=THRESHOLDS.min_packets_per_s / 2)
-    assert loop._links([idle])[2] is False
+    assert loop._links(judged([idle]))[2] is False
     below = dataclasses.replace(busy, retransmit_fraction=share / 2)
-    assert loop._links([below])[2] is False
-    assert loop._links([busy, below])[2] is True and loop._links([below, busy])[2] is True
+    assert loop._links(judged([below]))[2] is False
+    assert loop._links(judged([busy, below]))[2] is True
+    assert loop._links(judged([below, busy]))[2] is True
 
 
 def test_a_job_counts_the_time_it_was_observed_and_congested() -> None:
@@ -382,9 +385,9 @@ def test_an_orphan_is_named_and_forgotten_with_its_communicator() -> None:
     new.run(new.loop.adopt(JOB, None, new.slots(), 10.0), 10.0)
     assert new.job.history[-1].reason == (
         "0 communicator(s) from the previous agent; 1 left as their ranks hold them")
-    new.run(new.loop.step([FULL], {JOB: []}, 11.0), 11.0)
+    new.run(new.loop.step(judged([FULL]), {JOB: []}, 11.0), 11.0)
     assert COMM in new.job.orphaned
-    new.run(new.loop.step([FULL], {JOB: []}, 16.0), 16.0)
+    new.run(new.loop.step(judged([FULL]), {JOB: []}, 16.0), 16.0)
     assert COMM not in new.job.orphaned and COMM not in new.job.comms
 
 
@@ -608,7 +611,7 @@ def test_a_report_names_each_communicator_with_ranks_here_once() -> None:
     assert [c.comm for c in report.comms] == list(range(1, MAX_COMMS + 1))
     assert all(c.choice == "default" and c.at == 0 and not c.pending for c in report.comms)
     host.sent.clear()
-    host.run(host.loop.step([FULL], {JOB: host.slots(1)}, 2.0), 2.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: host.slots(1)}, 2.0), 2.0)
     (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
     assert [c.comm for c in report.comms] == [1]  # the others have no rank this pass
 
@@ -619,7 +622,7 @@ def test_a_report_counts_waiting_and_refusing_ranks() -> None:
     slots[0] = dataclasses.replace(slots[0], flags=slots[0].flags | 0x4, wait_at=9)
     slots[1] = dataclasses.replace(slots[1], flags=slots[1].flags | 0x8, refused_revision=3)
     host.sent.clear()
-    host.run(host.loop.step([CALM], {JOB: slots}, 5.0), 5.0)
+    host.run(host.loop.step(judged([CALM]), {JOB: slots}, 5.0), 5.0)
     (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
     (comm,) = report.comms
     assert (comm.waiting, comm.refused) == (1, 1)
@@ -651,7 +654,7 @@ def test_a_withdrawn_multi_host_job_retires_once_its_ranks_follow_nccl() -> None
     arm(host, decision=2, at=4000, choice="default")
     resolve(host, True, decision=2, at=4000)
     host.sent.clear()
-    host.run(host.loop.step([FULL], {JOB: host.slots()}, 5.0), 5.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: host.slots()}, 5.0), 5.0)
     assert JOB not in host.loop.jobs
 
 
@@ -660,7 +663,7 @@ def test_a_withdrawn_multi_host_job_with_no_ranks_left_retires() -> None:
     arm(host)
     resolve(host, True)
     host.run(host.loop.withdraw(JOB, 3.0), 3.0)
-    actions = host.loop.step([FULL], {JOB: []}, 4.0)
+    actions = host.loop.step(judged([FULL]), {JOB: []}, 4.0)
     assert Retire(JOB) in actions
 
 
@@ -713,11 +716,11 @@ def two_jobs() -> tuple[Host, Host]:
 def test_a_retiring_job_does_not_stop_the_others_being_stepped() -> None:
     first, second = two_jobs()
     loop = first.loop
-    first.run(loop.step([FULL], {JOB: first.slots(), "job-2": second.slots()}, 0.0), 0.0)
+    first.run(loop.step(judged([FULL]), {JOB: first.slots(), "job-2": second.slots()}, 0.0), 0.0)
     assert first.entry() is not None
     loop.withdraw(JOB, 0.5)
     first.advance(100_000)
-    actions = loop.step([FULL], {JOB: first.slots(), "job-2": second.slots()}, 1.0)
+    actions = loop.step(judged([FULL]), {JOB: first.slots(), "job-2": second.slots()}, 1.0)
     assert {a.job for a in actions if isinstance(a, WritePolicy)} == {JOB, "job-2"}
     assert loop.jobs["job-2"].choice == "severe"
 
@@ -729,16 +732,16 @@ def test_a_multi_host_job_does_not_stop_the_others_being_stepped() -> None:
     other.declare(dataclasses.replace(DECLARATION, job="job-3"))
     other.add(1, comm=0xC0C)
     loop = first.loop
-    actions = loop.step([FULL], {JOB: first.slots(), "job-3": other.slots()}, 2.0)
+    actions = loop.step(judged([FULL]), {JOB: first.slots(), "job-3": other.slots()}, 2.0)
     assert any(isinstance(a, Publish) and isinstance(a.message, TuningReport)
                for a in actions)
     assert any(isinstance(a, WritePolicy) and a.job == "job-3" for a in actions)
     arm(first)
     resolve(first, True)
     loop.withdraw(JOB, 2.5)  # severe in force: it stays until the way back is agreed
-    loop.step([FULL], {JOB: first.slots(), "job-3": other.slots()}, 3.0)
+    loop.step(judged([FULL]), {JOB: first.slots(), "job-3": other.slots()}, 3.0)
     assert JOB in loop.jobs
-    actions = loop.step([FULL], {"job-3": other.slots()}, 4.0)  # job-1's ranks left
+    actions = loop.step(judged([FULL]), {"job-3": other.slots()}, 4.0)  # job-1's ranks left
     assert Retire(JOB) in actions and JOB not in loop.jobs
     assert loop.jobs["job-3"].last_step == 4.0
 
@@ -749,9 +752,9 @@ def test_a_communicator_gone_for_the_stall_time_is_forgotten_entirely() -> None:
         host.add(1, comm=COMM + 1 + i)
     host.step(FULL, 0.0)
     assert COMM + MAX_COMMS in host.job.unlisted
-    host.run(host.loop.step([FULL], {JOB: []}, 1.9), 1.9)
+    host.run(host.loop.step(judged([FULL]), {JOB: []}, 1.9), 1.9)
     assert len(host.job.entries) == MAX_COMMS
-    actions = host.loop.step([FULL], {JOB: []}, 2.0)
+    actions = host.loop.step(judged([FULL]), {JOB: []}, 2.0)
     assert actions == [WritePolicy(JOB, ())]  # the entries went: the file says so
     assert host.job.comms == {} and host.job.unlisted == set()
 
@@ -761,9 +764,9 @@ def test_a_communicator_forgotten_before_its_arm_was_checked_is_not_checked() ->
     forgotten, the next check must not look for it."""
     host = declared(1, stall=1.0, activation_margin=50)
     host.step(CALM, 0.0)
-    host.loop.step([FULL], {JOB: host.slots()}, 0.1)  # armed; never written nor checked
+    host.loop.step(judged([FULL]), {JOB: host.slots()}, 0.1)  # armed; never written nor checked
     assert host.job.arming
-    host.loop.step([FULL], {JOB: []}, 1.1)
+    host.loop.step(judged([FULL]), {JOB: []}, 1.1)
     assert host.job.arming == {} and host.job.entries == {}
     assert host.loop.confirm({JOB: []}, 1.2) == []
 
@@ -781,14 +784,14 @@ def test_a_communicator_seen_on_several_nodes_makes_the_job_multi_host() -> None
 def test_local_disagreement_names_the_communicator() -> None:
     host = declared(2)
     slots = disagreeing(host)
-    host.run(host.loop.step([CALM], {JOB: slots}, 0.0), 0.0)
+    host.run(host.loop.step(judged([CALM]), {JOB: slots}, 0.0), 0.0)
     (diverged,) = host.job.diverged
     assert diverged.startswith(f"{COMM:#x}: ")
     event = host.job.history[-1]
     assert event.reason.startswith(f"communicator {COMM:#x}: ")
-    host.run(host.loop.step([CALM], {JOB: slots}, 0.1), 0.1)
+    host.run(host.loop.step(judged([CALM]), {JOB: slots}, 0.1), 0.1)
     assert [c.kind for c in host.job.history].count("diverged") == 1  # once, as it began
-    host.run(host.loop.step([FULL], {JOB: slots}, 0.2), 0.2)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.2), 0.2)
     assert host.entry() is None and "its ranks disagree" in host.job.waiting
 
 
@@ -835,11 +838,11 @@ def test_after_adoption_nothing_is_written_until_something_changes() -> None:
     host = declared(1)
     host.step(FULL, 0.0)
     host.advance(1)
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     loop.declare(DECLARATION, 10.0)
     actions = loop.adopt(JOB, host.policy, host.slots(), 10.0)
     assert actions == [WritePolicy(JOB, tuple(loop.jobs[JOB].entries.values()))]
-    assert loop.step([FULL], {JOB: host.slots()}, 11.0) == []
+    assert loop.step(judged([FULL]), {JOB: host.slots()}, 11.0) == []
 
 
 def test_adopting_what_the_ranks_follow_when_nccl_was_restored() -> None:
@@ -940,7 +943,7 @@ def test_an_arm_for_no_communicator_here_is_armed_with_nothing_to_do() -> None:
 
 
 def test_an_unknown_jobs_outcome_is_answered_with_its_decision() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     (answer,) = loop.resolve(TuningResolve("job-z", 8, False, ()), 0.0)
     assert answer.message.decision == 8 and answer.message.job == "job-z"
 
@@ -1003,8 +1006,8 @@ def test_confirming_goes_through_every_job() -> None:
     other.declare(dataclasses.replace(DECLARATION, job="job-2"))
     other.add(1, comm=0xB0B)
     loop = quiet.loop
-    loop.step([CALM], {JOB: host.slots(), "job-2": other.slots()}, 0.0)
-    loop.step([FULL], {JOB: host.slots(), "job-2": other.slots()}, 0.1)
+    loop.step(judged([CALM]), {JOB: host.slots(), "job-2": other.slots()}, 0.0)
+    loop.step(judged([FULL]), {JOB: host.slots(), "job-2": other.slots()}, 0.1)
     assert loop.jobs[JOB].arming and loop.jobs["job-2"].arming
     actions = loop.confirm({JOB: host.slots(), "job-2": other.slots()}, 0.1)
     assert {a.job for a in actions if isinstance(a, WritePolicy)} == {JOB, "job-2"}
@@ -1015,7 +1018,7 @@ def test_confirming_goes_through_every_job() -> None:
 def test_a_job_missing_from_the_records_cancels_what_it_armed() -> None:
     host = declared(1, activation_margin=50)
     host.step(CALM, 0.0)
-    host.loop.step([FULL], {JOB: host.slots()}, 0.1)
+    host.loop.step(judged([FULL]), {JOB: host.slots()}, 0.1)
     host.loop.confirm({}, 0.1)
     assert host.job.history[-1].reason == f"{COMM:#x}: its ranks are gone"
     assert host.entry().pending is False and host.entry().after == "default"
@@ -1063,7 +1066,7 @@ def blocked(tamper, *, entry_revision: int | None = None, n_ranks: int | None = 
     host.advance(100)
     slots = host.slots()
     slots[-1] = tamper(slots[-1])
-    host.run(host.loop.step([FULL], {JOB: slots}, 0.0), 0.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.0), 0.0)
     assert host.entry() is None
     (comm,) = host.job.comms.values()
     assert host.job.waiting == f"communicator {COMM:#x}: {comm.waiting}"
@@ -1100,13 +1103,13 @@ def test_a_refusal_only_blocks_while_it_is_of_the_newest_revision() -> None:
     slots = host.slots()
     slots[1] = dataclasses.replace(slots[1], flags=slots[1].flags | 0x8,
                                    refused_revision=revision - 1)
-    host.run(host.loop.step([CALM], {JOB: slots}, 1.0), 1.0)
-    host.run(host.loop.step([CALM], {JOB: slots}, 1.1), 1.1)
+    host.run(host.loop.step(judged([CALM]), {JOB: slots}, 1.0), 1.0)
+    host.run(host.loop.step(judged([CALM]), {JOB: slots}, 1.1), 1.1)
     assert host.entry().after == "default"  # an older refusal: the ranks moved on
     unflagged = declared(2, hold=0.0)
     slots = unflagged.slots()
     slots[1] = dataclasses.replace(slots[1], refused_revision=5)  # flag clear: no refusal
-    unflagged.run(unflagged.loop.step([FULL], {JOB: slots}, 0.0), 0.0)
+    unflagged.run(unflagged.loop.step(judged([FULL]), {JOB: slots}, 0.0), 0.0)
     assert unflagged.entry() is not None
 
 
@@ -1120,12 +1123,12 @@ def test_a_rank_on_the_current_revision_does_not_block() -> None:
 
 
 def test_an_unfiled_policy_file_is_not_held_against_the_ranks() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     loop.declare(DECLARATION, 0.0)  # the shell never said which file
     host = Host()
     host.loop = loop
     host.add(1)
-    loop.step([FULL], {JOB: host.slots()}, 0.0)
+    loop.step(judged([FULL]), {JOB: host.slots()}, 0.0)
     loop.confirm({JOB: host.slots()}, 0.0)
     assert loop.jobs[JOB].entries[COMM].after == "severe"
 
@@ -1189,16 +1192,16 @@ def test_refusals_are_dated_by_the_jobs_last_pass() -> None:
 
 
 def test_a_fresh_loop_says_there_is_no_congestion() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     assert loop.evidence == "no congestion on the job's links" and loop.steps == 0
-    loop.step([], {}, 0.0)
+    loop.step(judged([]), {}, 0.0)
     assert loop.steps == 1
 
 
 def test_a_link_without_a_known_speed_counts_as_idle() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     unknown = dataclasses.replace(FULL, utilization=None, ce_fraction=THRESHOLDS.ce_high)
-    level, evidence, _ = loop._links([unknown])
+    level, evidence, _ = loop._links(judged([unknown]))
     assert level is Level.HIGH
     assert evidence == (f"eth0: high: utilization 0%, CE/CNP {THRESHOLDS.ce_high:.2%}, "
                         "retransmits 0.00%")
@@ -1220,7 +1223,7 @@ def test_low_congestion_counts_as_congested_time_and_retransmits_are_remembered(
 def test_a_job_absent_from_the_records_is_still_stepped() -> None:
     host = declared(1)
     host.step(FULL, 0.0)
-    host.run(host.loop.step([FULL], {}, 1.0), 1.0)
+    host.run(host.loop.step(judged([FULL]), {}, 1.0), 1.0)
     assert host.job.last_step == 1.0 and host.entry() is not None
     host.run(host.loop.shutdown({}, 2.0), 2.0)
 
@@ -1238,7 +1241,7 @@ def test_one_communicator_not_ready_does_not_hold_back_the_others() -> None:
     host.add(1, comm=B)
     slots = host.slots()
     slots[0] = dataclasses.replace(slots[0], flags=slots[0].flags | 0x10)  # A defers
-    host.run(host.loop.step([FULL], {JOB: slots}, 0.0), 0.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.0), 0.0)
     assert host.entry(A) is None and host.entry(B).after == "severe"
     assert host.job.waiting.startswith(f"communicator {A:#x}: a rank defers")
 
@@ -1247,7 +1250,7 @@ def test_a_communicator_without_ranks_this_pass_does_not_hold_back_the_others() 
     host = declared(1, comm=A)
     host.add(1, comm=B)
     host.step(CALM, 0.0)
-    host.run(host.loop.step([FULL], {JOB: host.slots(B)}, 0.1), 0.1)
+    host.run(host.loop.step(judged([FULL]), {JOB: host.slots(B)}, 0.1), 0.1)
     assert host.entry(A) is None and host.entry(B).after == "severe"
 
 
@@ -1255,9 +1258,9 @@ def test_communicators_still_listed_are_kept_when_another_is_forgotten() -> None
     host = declared(1, comm=A, stall=5.0)
     host.add(1, comm=B)
     host.step(FULL, 6.0)
-    host.run(host.loop.step([FULL], {JOB: host.slots(A)}, 7.0), 7.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: host.slots(A)}, 7.0), 7.0)
     assert set(host.job.comms) == {A, B}  # seen at 6 s: 1 s is not the stall time
-    host.run(host.loop.step([FULL], {JOB: host.slots(A)}, 11.0), 11.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: host.slots(A)}, 11.0), 11.0)
     assert set(host.job.comms) == {A} and set(host.job.entries) == {A}
 
 
@@ -1268,8 +1271,8 @@ def test_a_report_is_capped_to_what_the_wire_carries() -> None:
     host.job.entries[COMM] = dataclasses.replace(
         host.loop._armed(host.job, host.job.comms[COMM], huge, DERIVED.get("severe")))
     host.sent.clear()
-    host.run(host.loop.step([FULL], {JOB: slots}, 0.5), 0.5)
-    host.run(host.loop.step([FULL], {JOB: slots}, 5.0), 5.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.5), 0.5)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 5.0), 5.0)
     reports = [m for m in host.sent if isinstance(m, TuningReport)]
     comm = reports[-1].comms[0]
     assert reports[-1].job == JOB
@@ -1288,7 +1291,7 @@ def test_reports_list_communicators_by_id_and_skip_those_without_ranks() -> None
     (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
     assert [c.comm for c in report.comms] == [3, 7, 9]
     host.sent.clear()
-    host.run(host.loop.step([FULL], {JOB: host.slots(9)}, 2.0), 2.0)
+    host.run(host.loop.step(judged([FULL]), {JOB: host.slots(9)}, 2.0), 2.0)
     (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
     assert [c.comm for c in report.comms] == [9]
 
@@ -1297,7 +1300,7 @@ def test_a_report_says_when_the_ranks_here_disagree() -> None:
     host = multi_host()
     slots = disagreeing(host)
     host.sent.clear()
-    host.run(host.loop.step([FULL], {JOB: slots}, 0.5), 0.5)
+    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.5), 0.5)
     (report,) = [m for m in host.sent if isinstance(m, TuningReport)]
     assert report.comms[0].diverged is True
 
@@ -1352,15 +1355,15 @@ def test_a_withdrawn_multi_host_job_writes_what_it_forgot() -> None:
     host.advance(2500, comm=B)
     host.step(FULL, 2.5)
     host.run(host.loop.withdraw(JOB, 3.0), 3.0)
-    host.loop.step([FULL], {JOB: host.slots(A)}, 3.5)
-    actions = host.loop.step([FULL], {JOB: host.slots(A)}, 14.0)  # B forgotten
+    host.loop.step(judged([FULL]), {JOB: host.slots(A)}, 3.5)
+    actions = host.loop.step(judged([FULL]), {JOB: host.slots(A)}, 14.0)  # B forgotten
     (write,) = [a for a in actions if isinstance(a, WritePolicy)]
     assert [e.comm_id for e in write.entries] == [A]
     assert JOB in host.loop.jobs
 
 
 def test_jobs_after_a_retiring_or_multi_host_one_keep_their_actions() -> None:
-    loop = TuningLoop(LoopSettings(report_interval=0.05), THRESHOLDS)
+    loop = TuningLoop(LoopSettings(report_interval=0.05))
     first, multi, leaving = Host(), Host(), Host()
     for host, job in ((first, JOB), (multi, "job-m"), (leaving, "job-q")):
         host.loop = loop
@@ -1372,13 +1375,13 @@ def test_jobs_after_a_retiring_or_multi_host_one_keep_their_actions() -> None:
     def stats() -> dict[str, list]:
         return {JOB: first.slots(), "job-m": multi.slots(), "job-q": leaving.slots()}
 
-    leaving.run(loop.step([FULL], stats(), 0.0), 0.0)  # job-q takes severe
+    leaving.run(loop.step(judged([FULL]), stats(), 0.0), 0.0)  # job-q takes severe
     leaving.advance(100_000, comm=0xE0E)
-    leaving.run(loop.step([FULL], stats(), 0.1), 0.1)
+    leaving.run(loop.step(judged([FULL]), stats(), 0.1), 0.1)
     leaving.run(loop.withdraw("job-q", 0.2), 0.2)  # and arms its way back
     leaving.advance(1_000_000, comm=0xE0E)  # past the way back (a fast communicator)
     first.advance(100_000)
-    actions = loop.step([FULL], stats(), 0.3)  # job-q passed its way back
+    actions = loop.step(judged([FULL]), stats(), 0.3)  # job-q passed its way back
     assert any(isinstance(a, WritePolicy) and a.job == JOB for a in actions)
     assert any(isinstance(a, Publish) and a.message.job == "job-m" for a in actions)
     assert Retire("job-q") in actions
@@ -1507,10 +1510,10 @@ def test_an_answer_names_its_job() -> None:
 
 
 def test_a_link_skipped_does_not_hide_the_next_one() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     down = dataclasses.replace(FULL, name="eth9", up=False)
     storage = link(0.95, name="sda-net", link_class="storage")
-    assert loop._links([down, storage, FULL])[0] is Level.HIGH
+    assert loop._links(judged([down, storage, FULL]))[0] is Level.HIGH
 
 
 def test_shutdown_goes_through_every_job() -> None:
@@ -1519,7 +1522,7 @@ def test_shutdown_goes_through_every_job() -> None:
     single.loop = first.loop
     single.declare(dataclasses.replace(DECLARATION, job="job-s"))
     single.add(1, comm=0xB0B)
-    first.loop.step([FULL], {JOB: first.slots(), "job-s": single.slots()}, 1.0)
+    first.loop.step(judged([FULL]), {JOB: first.slots(), "job-s": single.slots()}, 1.0)
     first.loop.confirm({"job-s": single.slots()}, 1.0)
     single.advance(100_000, comm=0xB0B)
     actions = first.loop.shutdown({JOB: first.slots(), "job-s": single.slots()}, 2.0)
@@ -1527,7 +1530,7 @@ def test_shutdown_goes_through_every_job() -> None:
 
 
 def test_a_multi_host_job_withdrawn_after_another_keeps_the_others_actions() -> None:
-    loop = TuningLoop(LoopSettings(), THRESHOLDS)
+    loop = TuningLoop(LoopSettings())
     single, multi = Host(), Host()
     for host, job in ((single, JOB), (multi, "job-m")):
         host.loop = loop
@@ -1536,14 +1539,14 @@ def test_a_multi_host_job_withdrawn_after_another_keeps_the_others_actions() -> 
     multi.add(2, comm=0xD0D, n_ranks=4, nodes=2)
     multi.advance(500, comm=0xD0D)
     stats = {JOB: single.slots(), "job-m": multi.slots()}
-    loop.step([CALM], stats, 0.0)
+    loop.step(judged([CALM]), stats, 0.0)
     message = TuningArm("job-m", 1, "severe", DERIVED.fingerprint,
                         (Activation(wire_comm(0xD0D), 2000),))
     loop.arm(message, 0.5)
     loop.confirm(stats, 0.5)
     loop.resolve(TuningResolve("job-m", 1, True, message.activations), 0.6)
     loop.withdraw("job-m", 0.7)  # severe agreed: it stays, reporting, until agreed back
-    actions = loop.step([FULL], {JOB: single.slots(), "job-m": multi.slots()}, 1.0)
+    actions = loop.step(judged([FULL]), {JOB: single.slots(), "job-m": multi.slots()}, 1.0)
     assert any(isinstance(a, WritePolicy) and a.job == JOB for a in actions)
     assert "job-m" in loop.jobs
 

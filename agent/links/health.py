@@ -1,10 +1,14 @@
 """Sans-I/O link health: per-link congestion and error levels with hysteresis.
 
 Links from the eBPF/proc link observer and RDMA ports from the RDMA observer
-become :class:`LinkView` s; each gets a raw level per interval from
-configured thresholds, held by :class:`LevelHold` (a rise shows at once, a
-fall only after the lower level persisted ``hold`` seconds, so congestion that
-flickers does not flap). Only per-class aggregates leave the host.
+become :class:`LinkView` s. Each pass judges every link once (:func:`judge`: its
+raw congestion and error levels by the configured thresholds, and the evidence),
+and holds those levels with :class:`LevelHold` (a rise shows at once, a fall only
+after the lower level persisted ``hold`` seconds, so congestion that flickers
+does not flap). Health reports the held levels; the tuning loop takes the same
+pass's raw judgements (and holds its own choice, ``tuning.hold``, before stepping
+down), so ``harmonctl links`` and ``harmonctl jobs`` judge a moment alike, by the
+same thresholds after a reload. Only per-class aggregates leave the host.
 """
 
 from __future__ import annotations
@@ -81,6 +85,32 @@ def errors_of(view: LinkView, cfg: LinksSection) -> Level:
     return Level.NONE
 
 
+@dataclass(frozen=True)
+class LinkJudgement:
+    """One link at one pass, judged by the thresholds in force: raw levels, no hold."""
+
+    name: str
+    link_class: str
+    up: bool
+    congestion: Level
+    errors: Level
+    #: Busy enough to count, and retransmitting at least ``retransmit_low``.
+    retransmitting: bool
+    #: What the congestion level rests on, in words (the tuning history quotes it).
+    evidence: str
+
+
+def judge(view: LinkView, cfg: LinksSection) -> LinkJudgement:
+    congestion = congestion_of(view, cfg) if view.up else Level.NONE
+    busy = view.packets_per_s >= cfg.min_packets_per_s
+    return LinkJudgement(
+        view.name, view.link_class, view.up, congestion, errors_of(view, cfg),
+        busy and view.retransmit_fraction >= cfg.retransmit_low,
+        f"{view.name}: {congestion.value}: utilization {(view.utilization or 0.0):.0%}, "
+        f"CE/CNP {view.ce_fraction:.2%}, retransmits {view.retransmit_fraction:.2%}",
+    )
+
+
 @dataclass
 class LevelHold:
     """Rises at once; falls only after lower raw levels persisted ``hold`` seconds.
@@ -111,16 +141,21 @@ class LevelHold:
 
 @dataclass(frozen=True)
 class LinkLevels:
+    """A link's held levels, and this pass's raw ones they were held from."""
+
     name: str
     link_class: str
     up: bool
     congestion: Level
     errors: Level
+    raw_congestion: Level = Level.NONE
 
 
 @dataclass(frozen=True)
 class LinkStep:
     links: tuple[LinkLevels, ...]
+    #: This pass's judgement of every link (what the tuning loop steps on).
+    judged: tuple[LinkJudgement, ...]
     health: tuple[LinkHealth, ...]
     findings: list[Finding]
 
@@ -138,16 +173,15 @@ class LinkHealthEngine:
             hold.hold = cfg.hold
 
     def step(self, link_views: Iterable[LinkView], now: float) -> LinkStep:
-        levels = []
-        for view in link_views:
-            congestion = self._congestion.setdefault(view.name, LevelHold(self.cfg.hold))
-            errors = self._errors.setdefault(view.name, LevelHold(self.cfg.hold))
+        levels, judged = [], tuple(judge(view, self.cfg) for view in link_views)
+        for raw in judged:
+            congestion = self._congestion.setdefault(raw.name, LevelHold(self.cfg.hold))
+            errors = self._errors.setdefault(raw.name, LevelHold(self.cfg.hold))
             levels.append(LinkLevels(
-                view.name, view.link_class, view.up,
-                congestion.update(congestion_of(view, self.cfg) if view.up else Level.NONE, now),
-                errors.update(errors_of(view, self.cfg), now),
+                raw.name, raw.link_class, raw.up, congestion.update(raw.congestion, now),
+                errors.update(raw.errors, now), raw.congestion,
             ))
-        return LinkStep(tuple(levels), aggregate(levels), self._findings(levels))
+        return LinkStep(tuple(levels), judged, aggregate(levels), self._findings(levels))
 
     @staticmethod
     def _findings(levels: list[LinkLevels]) -> list[Finding]:

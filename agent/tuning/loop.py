@@ -1,15 +1,16 @@
 """Sans-I/O micro-level loop: which named choice each job's NCCL follows, and when.
 
-Inputs, each with an explicit ``now``: link observations and the plugin's
-per-rank records (:meth:`TuningLoop.step`), declarations (:meth:`declare`,
+Inputs, each with an explicit ``now``: the link step's judgement of each link
+(:class:`agent.links.health.LinkJudgement`, the same pass health holds its levels
+from) and the plugin's per-rank records (:meth:`TuningLoop.step`), declarations (:meth:`declare`,
 :meth:`withdraw`), a restarted agent's files (:meth:`adopt`), and, for jobs
 spanning hosts, the controller's :class:`TuningArm` and
 :class:`TuningResolve`. Outputs are actions for the I/O shell: write a job's
 policy, publish a message, retire a job's files. Nothing here reads a clock
 or does I/O.
 
-Per job, the congestion level of the host's data links (the worst link, by
-the same thresholds as link health) is held with hysteresis: a rise counts at
+Per job, the congestion level of the host's data links (the worst link as the
+link step judged it, by link health's thresholds) is held with hysteresis: a rise counts at
 once, a fall only after the calmer level lasted ``hold`` seconds. The level
 names a choice (:mod:`agent.tuning.policies`); changes are limited to
 ``max_changes_per_minute``.
@@ -48,8 +49,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.config import LinksSection
-from agent.links.health import LevelHold, LinkView, congestion_of
+from agent.links.health import LevelHold, LinkJudgement
 from agent.tuning.policies import (
     CHOICE_NAMES,
     DEFAULT,
@@ -328,9 +328,8 @@ class JobState:
 
 
 class TuningLoop:
-    def __init__(self, settings: LoopSettings, thresholds: LinksSection) -> None:
+    def __init__(self, settings: LoopSettings) -> None:
         self.settings = settings
-        self.thresholds = thresholds
         self.jobs: dict[str, JobState] = {}
         self.steps = 0
         #: Raw link level of the last step, the link that set it and the step it rose.
@@ -605,7 +604,7 @@ class TuningLoop:
 
     # --- each pass -------------------------------------------------------------------
 
-    def step(self, links: Sequence[LinkView], stats: Mapping[str, Sequence[StatsSlot]],
+    def step(self, links: Sequence[LinkJudgement], stats: Mapping[str, Sequence[StatsSlot]],
              now: float) -> list[Action]:
         self.steps += 1
         raw, evidence, retransmitting = self._links(links)
@@ -647,20 +646,14 @@ class TuningLoop:
                 actions.append(WritePolicy(name, tuple(job.entries.values())))
         return actions
 
-    def _links(self, links: Sequence[LinkView]) -> tuple[Level, str, bool]:
+    def _links(self, links: Sequence[LinkJudgement]) -> tuple[Level, str, bool]:
         worst, evidence, retransmitting = Level.NONE, "no congestion on the job's links", False
-        for view in links:
-            if view.link_class not in self.settings.link_classes or not view.up:
+        for link in links:
+            if link.link_class not in self.settings.link_classes or not link.up:
                 continue
-            level = congestion_of(view, self.thresholds)
-            busy = view.packets_per_s >= self.thresholds.min_packets_per_s
-            retransmitting = retransmitting or (
-                busy and view.retransmit_fraction >= self.thresholds.retransmit_low)
-            if level.rank > worst.rank:
-                worst = level
-                evidence = (f"{view.name}: {level.value}: utilization "
-                            f"{(view.utilization or 0.0):.0%}, CE/CNP {view.ce_fraction:.2%}, "
-                            f"retransmits {view.retransmit_fraction:.2%}")
+            retransmitting = retransmitting or link.retransmitting
+            if link.congestion.rank > worst.rank:
+                worst, evidence = link.congestion, link.evidence
         return worst, evidence, retransmitting
 
     def _observe(self, job: JobState, slots: Sequence[StatsSlot], raw: Level,

@@ -28,14 +28,14 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agent.conditions import Finding
 from agent.config import LinksSection, TuningSection
 from agent.links import sysfs
-from agent.links.health import views
+from agent.links.health import LinkJudgement
 from agent.links.types import LinkSample
 from agent.observations import Observations
 from agent.tuning import nextlaunch
@@ -114,7 +114,7 @@ class TuningService:
         self.links_cfg = links
         self.publish = publish
         self.dir = Path(cfg.policy_dir)
-        self.loop = TuningLoop(settings_from(cfg), links)
+        self.loop = TuningLoop(settings_from(cfg))
         self.shaper = htb if htb is not None else (HtbShaper() if cfg.htb else None)
         self.files: dict[str, PolicyFile] = {}
         self.policy_ids: dict[str, int] = {}
@@ -264,15 +264,17 @@ class TuningService:
 
     # --- each pass ------------------------------------------------------------------
 
-    def step(self, observations: Observations, now: float) -> None:
+    def step(self, observations: Observations, links: Sequence[LinkJudgement],
+             now: float) -> None:
+        """``links``: this pass's judgement of each link, from the link step health
+        holds its levels from (one judgement, one set of thresholds, for both)."""
         if not (self.loop.jobs or self.files or self._orphans or self._shaped):
             return  # nothing declared, written or shaped: most passes on most hosts
         sample = observations.links
         if self.loop.jobs:  # nothing to read or decide (or pay for) without declarations
-            link_views = views(sample, observations.rdma)
             self.stats = {job: read_stats(self.dir, job) for job in self.loop.jobs}
             try:
-                self._run(self.loop.step(link_views, self.stats, now), now)
+                self._run(self.loop.step(links, self.stats, now), now)
             except Exception as exc:  # one bad pass must not stop the next
                 self._fail(f"tuning step failed: {exc}")
                 log.exception("tuning step failed")
@@ -428,9 +430,10 @@ class TuningService:
         return job
 
     def configure(self, links: LinksSection) -> None:
-        """A reload's new link thresholds: the next pass judges congestion by them
-        (the rest of the tuning section needs a restart)."""
-        self.loop.thresholds = links
+        """A reload's new link settings, shown by ``jobs``. The judging itself is link
+        health's (its engine was configured alike); the rest of the tuning section
+        needs a restart."""
+        self.links_cfg = links
 
     def jobs_view(self, now: float) -> dict[str, Any]:
         rows = []
@@ -453,7 +456,7 @@ class TuningService:
             })
         return {"jobs": rows, "link_level": self.loop.raw.value,
                 "evidence": self.loop.evidence, "policy_dir": str(self.dir),
-                "thresholds": {name: getattr(self.loop.thresholds, name)
+                "thresholds": {name: getattr(self.links_cfg, name)
                                for name in sorted(LinksSection.LIVE)},
                 "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error}
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import LinksSection, TuningSection
+from agent.links.health import LinkJudgement, judge, views
 from agent.links.types import LinkRates, LinkSample
 from agent.observations import Observations
 from agent.tuning.service import TuningService
@@ -421,6 +422,11 @@ def link_sample(level: int) -> LinkSample:
     return LinkSample("sim", AGENT_INTERVAL, (rates,), 0.0)
 
 
+def link_judgements(level: int) -> list[LinkJudgement]:
+    """What the agent's link step makes of :func:`link_sample` (default thresholds)."""
+    return [judge(view, LinksSection()) for view in views(link_sample(level), None)]
+
+
 class _Play:
     def __init__(self, schedule: Schedule, root: Path) -> None:
         self.schedule = schedule
@@ -588,7 +594,7 @@ class _Play:
                 host.declared = True
             if tick:
                 level = _congestion(self.schedule, host.index, now)
-                service.step(Observations(links=link_sample(level)), now)
+                service.step(Observations(links=link_sample(level)), link_judgements(level), now)
         except AgentKilled:
             _kill(host, now, host.kill_delay, "agent-kill")
 
