@@ -14,8 +14,7 @@ from typing import Annotated, ClassVar
 
 from agent.gpu.actions import Action
 from harmonaize import config
-from harmonaize.config import AbsPath, Endpoint, LogLevel, OptionalPath
-from harmonaize.metrics import MetricsSection
+from harmonaize.config import AbsPath, Endpoint, LogLevel, MetricsSection, OptionalPath
 from harmonaize.schema import Fraction, Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/agent.toml")

@@ -1,7 +1,9 @@
 """The agent's daemon shell: reads observers, steps the engines, applies, serves.
 
-All decisions live in sans-I/O engines (:mod:`agent.health`, :mod:`agent.outbox`);
-this module owns the clock, the sockets, signals and systemd notification.
+All decisions live in the domains' sans-I/O engines (:mod:`agent.host.health`, which
+steps the GPU and link engines, the tuning loop, validation's planner) and
+:mod:`agent.outbox`; each domain's operator commands live in its ``commands``
+module. This module owns the clock, the sockets, signals and systemd notification.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ import zmq.asyncio
 from agent import config as agent_config
 from agent import selfmetrics
 from agent.config import AgentConfig
-from agent.gpu.health import GpuView
-from agent.gpu.views import gpu_row, health_row
-from agent.health import HealthStep, HostHealthEngine, Republisher
-from agent.links.observer import LinksObserver, links_table
+from agent.declarations import Declarations
+from agent.gpu import commands as gpu_commands
+from agent.host import commands as host_commands
+from agent.host.health import HealthStep, HostHealthEngine, Republisher
+from agent.links import commands as link_commands
 from agent.observations import Observations
 from agent.observers import ObserverSet
 from agent.spool import Spool
+from agent.tuning import commands as tuning_commands
 from agent.tuning.service import TuningService
 from agent.uplink import Uplink
+from agent.validation import commands as validation_commands
 from agent.validation.service import ValidationService
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
@@ -49,7 +54,7 @@ from harmonaize.messages import (
 )
 from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import SchemaError, from_plain, to_plain
+from harmonaize.schema import to_plain
 from harmonaize.sdnotify import Notifier
 from harmonaize.threads import set_os_thread_name
 
@@ -79,7 +84,7 @@ class AgentDaemon:
         self.observations = Observations()
         self.advisories_sent = 0
         #: What tenants declared for their jobs (from the controller, or an operator).
-        self.declarations: dict[str, JobDeclaration] = {}
+        self.declarations = Declarations()
         self.validation: ValidationService | None = None
         self.tuning: TuningService | None = None
         self.drained: str | None = None
@@ -167,7 +172,8 @@ class AgentDaemon:
             self.validation = ValidationService(
                 self.cfg.validation, self.cfg.agent.state_dir, self.health.gpus,
                 retired_pages_limit=self.cfg.observers.gpu.retired_pages_limit,
-                publish=self._publish, emit=self._emit, allowance=self._pause_allowance)
+                publish=self._publish, emit=self._emit,
+                allowance=self.declarations.pause_allowance)
             self.validation.start(loop)
         if self.cfg.tuning.enabled:
             self.tuning = TuningService(self.cfg.tuning, self.cfg.observers.links,
@@ -372,17 +378,7 @@ class AgentDaemon:
 
     def _declared(self, declaration: JobDeclaration) -> None:
         self._tune_declared(declaration)
-        if declaration.withdrawn:
-            if self.declarations.pop(declaration.job, None) is not None:
-                log.info("job %s: declaration withdrawn", declaration.job)
-            return
-        known = self.declarations.get(declaration.job)
-        if known is not None and known.revision > declaration.revision:
-            return  # an older one, resent after a reconnect: the newer stands
-        self.declarations[declaration.job] = declaration
-        log.info("job %s declares (revision %d): validation pauses up to %g s, %d tuning "
-                 "ranges", declaration.job, declaration.revision,
-                 declaration.max_validation_pause, len(declaration.tuning))
+        self.declarations.receive(declaration)
 
     def _tune_declared(self, declaration: JobDeclaration) -> None:
         if self.tuning is None:
@@ -408,10 +404,6 @@ class AgentDaemon:
                 self.tuning.resolve(message, time.time())
         except Exception:
             log.exception("tuning message %s for job %s failed", message.KIND, message.job)
-
-    def _pause_allowance(self, job: str) -> float:
-        declaration = self.declarations.get(job)
-        return declaration.max_validation_pause if declaration else 0.0
 
     def _emit(self, event: HostEvent) -> None:
         level = logging.WARNING if event.severity is not Severity.INFO else logging.INFO
@@ -439,24 +431,15 @@ class AgentDaemon:
     # --- operator commands ---------------------------------------------------------------
 
     def _commands(self) -> dict[str, Command]:
+        """The daemon's own commands, then each domain's (in the order ``help`` lists)."""
         return {
             "status": Command(self._cmd_status, "agent, observers, health and uplink"),
-            "links": Command(self._cmd_links, "link rates, traffic classes and levels"),
-            "gpus": Command(self._cmd_gpus, "GPU telemetry, counters, state and jobs"),
-            "health": Command(self._cmd_health, "why each GPU and the host are in their state"),
-            "drain": Command(self._cmd_drain, "withdraw this host from capacity", changes=True),
-            "undrain": Command(self._cmd_undrain, "return this host to capacity", changes=True),
+            **link_commands.commands(self),
+            **gpu_commands.commands(self),
+            **host_commands.commands(self, lambda: self._step(time.time())),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
-            "validate": Command(self._cmd_validate, "validate a GPU (gpu, level) or the host",
-                                changes=True),
-            "validations": Command(self._cmd_validations, "validation history and what waits"),
-            "release": Command(self._cmd_release, "validate a quarantined GPU, release it if it "
-                               "passes (force: without validating)", changes=True),
-            "declare": Command(self._cmd_declare, "set a job's declaration on this host",
-                               changes=True),
-            "jobs": Command(self._cmd_jobs, "declared jobs, their tuning choice and why"),
-            "policy": Command(self._cmd_policy, "a job's declaration, policy, reason and "
-                              "history (job)"),
+            **validation_commands.commands(self),
+            **tuning_commands.commands(self, self._declared),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -486,108 +469,6 @@ class AgentDaemon:
             "socket": asdict(self.opsocket.stats),
             "validation": self.validation.status() if self.validation else None,
         }
-
-    def _cmd_links(self, args: dict[str, Any]) -> dict[str, Any]:
-        links = self.observers.get("links")
-        record = self.observers.records.get("links")
-        sample = self.observations.links
-        rdma = self.observations.rdma
-        levels = {level.name: level for level in self.health.link_levels}
-
-        def with_levels(row: dict[str, Any]) -> dict[str, Any]:
-            level = levels.get(row["name"])
-            return {**row, "congestion": level.congestion.value if level else None,
-                    "congestion_now": level.raw_congestion.value if level else None,
-                    "errors": level.errors.value if level else None}
-
-        return {
-            "mode": getattr(links, "mode", None),
-            "state": record.state.value if record else "disabled",
-            "detail": (record.extra.get("detail") or record.detail) if record else "",
-            "links": [with_levels(row) for row in links_table(sample)],
-            "rdma": [with_levels({**to_plain(port), "name": port.name})
-                     for port in (rdma.ports if rdma is not None else ())],
-            "retransmits_per_s": getattr(sample, "retransmits_per_s", None),
-            "drops_by_reason": links.drops_by_reason() if isinstance(links, LinksObserver)
-            and record is not None and record.state.value == "running" else {},
-            "classes": [to_plain(h) for h in self.summary.links] if self.summary else [],
-        }
-
-    def _gpu_views(self) -> tuple[GpuView, ...]:
-        return self.last_step.gpus.gpus if self.last_step else ()
-
-    def _cmd_gpus(self, args: dict[str, Any]) -> dict[str, Any]:
-        record = self.observers.records.get("gpu")
-        return {
-            "state": record.state.value if record else "disabled",
-            "detail": (record.extra.get("detail") or record.detail) if record else "",
-            "gpu_class": self.gpu_class,
-            "gpus": [gpu_row(view) for view in self._gpu_views()],
-        }
-
-    def _cmd_health(self, args: dict[str, Any]) -> dict[str, Any]:
-        summary = self.summary
-        step = self.last_step
-        return {
-            "health": summary.health.value if summary else None,
-            "schedulable": summary.schedulable if summary else None,
-            "action": step.gpus.action.value if step else "none",
-            "conditions": [to_plain(c) for c in summary.conditions] if summary else [],
-            "gpu_counts": to_plain(summary.gpus) if summary else {},
-            "gpus": [health_row(view) for view in self._gpu_views()],
-            "advisories_sent": self.advisories_sent,
-        }
-
-    def _service(self) -> ValidationService:
-        if self.validation is None:
-            raise CommandError("validation is disabled (validation.enabled = false)")
-        return self.validation
-
-    def _cmd_validate(self, args: dict[str, Any]) -> dict[str, Any]:
-        return self._service().command_validate(args, self._gpu_views())
-
-    def _cmd_validations(self, args: dict[str, Any]) -> dict[str, Any]:
-        service = self._service()
-        return {**service.status(), "history": service.command_history(args)}
-
-    def _cmd_release(self, args: dict[str, Any]) -> dict[str, Any]:
-        return self._service().command_release(args, self._gpu_views(), time.time())
-
-    def _tuning(self) -> TuningService:
-        if self.tuning is None:
-            raise CommandError("tuning is disabled (tuning.enabled = false)")
-        return self.tuning
-
-    def _cmd_jobs(self, args: dict[str, Any]) -> dict[str, Any]:
-        return self._tuning().jobs_view(time.time())
-
-    def _cmd_policy(self, args: dict[str, Any]) -> dict[str, Any]:
-        return self._tuning().policy_view(args, time.time())
-
-    def _cmd_declare(self, args: dict[str, Any]) -> dict[str, Any]:
-        try:
-            declaration = from_plain(JobDeclaration, args.get("declaration"), "declaration")
-        except SchemaError as exc:
-            raise CommandError(str(exc)) from None
-        self._declared(declaration)
-        return to_plain(declaration)
-
-    def _cmd_drain(self, args: dict[str, Any]) -> dict[str, Any]:
-        if args.get("gpu") is not None:
-            result = self._service().command_drain(args, self._gpu_views(), time.time())
-            self._step(time.time())
-            return result
-        reason = args.get("reason", "drained by operator")
-        if not isinstance(reason, str) or len(reason) > 200:
-            raise CommandError("reason must be a string of at most 200 characters")
-        self.drained = reason or "drained by operator"
-        self._step(time.time())
-        return {"schedulable": False, "reason": self.drained}
-
-    def _cmd_undrain(self, args: dict[str, Any]) -> dict[str, Any]:
-        self.drained = None
-        self._step(time.time())
-        return {"schedulable": True}
 
     def _cmd_reload(self, args: dict[str, Any]) -> dict[str, Any]:
         error = self.reload()

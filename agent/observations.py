@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from agent.gpu.types import GpuSample
+from agent.host.types import HostSample
 from agent.links.types import LinkSample
-from agent.observers.host import HostSample
 from agent.rdma.types import RdmaSample
 
 _TYPES = {"host": HostSample, "links": LinkSample, "rdma": RdmaSample, "gpu": GpuSample}

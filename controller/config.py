@@ -10,8 +10,7 @@ from typing import Annotated, ClassVar
 from controller.agreement import AgreementSettings
 from controller.redaction import RedactionConfig
 from harmonaize import config
-from harmonaize.config import AbsPath, Endpoint, LogLevel
-from harmonaize.metrics import MetricsSection
+from harmonaize.config import AbsPath, Endpoint, LogLevel, MetricsSection
 from harmonaize.schema import Name, Num
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.tuning.shm import Algo, Coll, CommEntry, Policy, Pref, Proto, Rule, encode_policy
+from agent.tuning.layout import Algo, Coll, CommEntry, Policy, Pref, Proto, Rule, encode_policy
 from harmonaize import messages as m
 from tests.test_wire import SAMPLES
 

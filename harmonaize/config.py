@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, ClassVar, TypeVar
 
 from harmonaize.schema import SchemaError, Str, from_plain
 
@@ -70,3 +71,38 @@ def parse(cls: type[T], data: dict, source: Path | str = "<config>") -> T:
         return from_plain(cls, data, "")
     except SchemaError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+
+
+# --- [metrics], shared by the agent and the controller --------------------------------
+
+ListenAddress = Annotated[str, Str(
+    max_len=300, pattern=r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}")]
+"""``HOST:PORT`` (``[::1]:9480`` for IPv6); empty where the endpoint is off."""
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """``[metrics]`` in the agent's and the controller's configuration."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    #: Serve Prometheus text on GET /metrics here, e.g. "127.0.0.1:9480"; empty: off.
+    listen: ListenAddress = ""
+
+    def __post_init__(self) -> None:
+        if self.listen and split_address(self.listen)[1] == 0:  # also checks the form
+            raise ValueError("listen needs a port from 1 to 65535")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"127.0.0.1:9480"`` -> ``("127.0.0.1", 9480)``; ``"[::1]:80"`` -> ``("::1", 80)``.
+
+    Port 0 (any free port) passes here, for tests; the configuration refuses it.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address!r} is not HOST:PORT")
+    if int(port) > 65535:
+        raise ValueError(f"port {port} is above 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)

@@ -29,12 +29,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated, ClassVar
 
 from prometheus_client import generate_latest
 from prometheus_client.metrics_core import Metric
 
-from harmonaize.schema import Str
+from harmonaize.config import split_address
 
 log = logging.getLogger(__name__)
 
@@ -47,39 +46,6 @@ MAX_CLIENTS = 16
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-ListenAddress = Annotated[str, Str(
-    max_len=300, pattern=r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}")]
-"""``HOST:PORT`` (``[::1]:9480`` for IPv6); empty where the endpoint is off."""
-
-
-@dataclass(frozen=True)
-class MetricsSection:
-    """``[metrics]`` in the agent's and the controller's configuration."""
-
-    STRICT_KEYS: ClassVar[bool] = True
-    #: Serve Prometheus text on GET /metrics here, e.g. "127.0.0.1:9480"; empty: off.
-    listen: ListenAddress = ""
-
-    def __post_init__(self) -> None:
-        if self.listen and split_address(self.listen)[1] == 0:  # also checks the form
-            raise ValueError("listen needs a port from 1 to 65535")
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``"127.0.0.1:9480"`` -> ``("127.0.0.1", 9480)``; ``"[::1]:80"`` -> ``("::1", 80)``.
-
-    Port 0 (any free port) passes here, for tests; the configuration refuses it.
-    """
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{address!r} is not HOST:PORT")
-    if int(port) > 65535:
-        raise ValueError(f"port {port} is above 65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
 
 class MetricType(StrEnum):
     COUNTER = "counter"

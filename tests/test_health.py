@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent.config import HostObserverSection, ObserversSection
-from agent.health import ConditionTracker, Finding, HostHealthEngine, Republisher, health_of
+from agent.host.health import ConditionTracker, Finding, HostHealthEngine, Republisher, health_of
+from agent.host.types import HostSample
 from agent.observations import Observations
-from agent.observers.host import HostSample
 from harmonaize.messages import Condition, Health, Severity, Status
 
 pytestmark = pytest.mark.foundation

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from agent.config import LinksSection, ObserversSection
-from agent.health import HostHealthEngine
+from agent.host.health import HostHealthEngine
 from agent.links.health import LinkView, judge
 from agent.links.types import LinkRates, LinkSample
 from agent.observations import Observations

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
+from agent.host.types import HostSample
 from agent.observations import Observations
 from agent.observers import registered
-from agent.observers.host import HostSample
 
 pytestmark = pytest.mark.redesign
 

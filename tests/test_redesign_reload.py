@@ -22,7 +22,7 @@ from agent.config import (
     changes,
 )
 from agent.gpu.health import GpuState
-from agent.health import HostHealthEngine
+from agent.host.health import HostHealthEngine
 from agent.links.health import LinkHealthEngine, LinkView
 from agent.observations import Observations
 from harmonaize.messages import Level

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.tuning.shm import (
+from agent.tuning.layout import (
     CHECKSUM_OFFSET,
     POLICY_SIZE,
     RULESETS_OFFSET,
@@ -39,7 +39,6 @@ from agent.tuning.shm import (
     CommEntry,
     Held,
     Policy,
-    PolicyFile,
     Pref,
     Proto,
     ReferenceContext,
@@ -51,15 +50,18 @@ from agent.tuning.shm import (
     encode_policy,
     evaluate,
     history_step,
+    pseudo_comm_id,
+    ruleset_hash,
+    validate_job,
+)
+from agent.tuning.shm import (
+    PolicyFile,
     job_dir,
     policy_path,
     prepare_dirs,
     prepare_job_dir,
-    pseudo_comm_id,
     read_policy,
     read_stats,
-    ruleset_hash,
-    validate_job,
 )
 from harmonaize.testbed.plugin import LOGGER, STRUCTS
 
@@ -547,7 +549,7 @@ def test_odd_arguments_never_fail(lib, tuner_dir):
         assert zeroed_any == [False, False, False, True, True, True]
 
 
-# ---- Which copy a rank follows: the plugin against shm.evaluate. ----
+# ---- Which copy a rank follows: the plugin against layout.evaluate. ----
 
 
 @pytest.mark.parametrize(("held", "new", "n", "verdict"), [
@@ -945,7 +947,7 @@ def test_encode_decode_round_trip(policy):
     st.sampled_from(list(Coll)), st.integers(0, 1 << 34), st.sampled_from([0, 2, 8, 64])),
     min_size=1, max_size=6))
 def test_table_matches_reference(lib, tmp_path_factory, policy, calls):
-    """For a fresh context that takes the policy at once, every answer is shm.apply's."""
+    """For a fresh context that takes the policy at once, every answer is layout.apply's."""
     directory = tmp_path_factory.mktemp("apply")
     prepare_job_dir(directory, JOB, None)
     # Only entries the fresh context takes at collective 0 without waiting.

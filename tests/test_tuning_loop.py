@@ -1,6 +1,6 @@
 """The sans-I/O tuning loop: arm, verify, confirm; hysteresis, rate limits, restarts.
 
-Ranks are reference contexts (``agent.tuning.shm.ReferenceContext``: the
+Ranks are reference contexts (``agent.tuning.layout.ReferenceContext``: the
 plugin's rule for taking a copy, in Python), wired to the loop as the
 service wires the plugin: every policy the loop writes is seen by every rank
 at its next collective, and the loop reads their records back.
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from agent.config import LinksSection
 from agent.links.health import LinkJudgement, LinkView, judge
+from agent.tuning.layout import Policy, ReferenceContext, StatsSlot, ruleset_hash
 from agent.tuning.loop import (
     Action,
     LoopSettings,
@@ -30,7 +31,6 @@ from agent.tuning.loop import (
     wire_comm,
 )
 from agent.tuning.policies import CHOICE_NAMES, derive
-from agent.tuning.shm import Policy, ReferenceContext, StatsSlot, ruleset_hash
 from harmonaize.messages import (
     AckPhase,
     Activation,

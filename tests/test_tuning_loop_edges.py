@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from agent.tuning.layout import MAX_COMMS, MAX_RULESETS, Policy
 from agent.tuning.loop import (
     HISTORY,
     CommState,
@@ -24,7 +25,6 @@ from agent.tuning.loop import (
     resolved_policy,
     wire_comm,
 )
-from agent.tuning.shm import MAX_COMMS, MAX_RULESETS, Policy
 from harmonaize.messages import (
     AckPhase,
     Activation,

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.tuning import nextlaunch
+from agent.tuning.layout import Algo, Coll, Proto, apply, decode_policy, encode_policy
 from agent.tuning.loop import Entry, build_policy
 from agent.tuning.policies import (
     BANDWIDTH_BOUND,
@@ -17,7 +18,6 @@ from agent.tuning.policies import (
     derive,
     severity_of,
 )
-from agent.tuning.shm import Algo, Coll, Proto, apply, decode_policy, encode_policy
 from harmonaize.messages import (
     Algorithm,
     BulkTraffic,
@@ -166,7 +166,7 @@ cost = st.one_of(st.just(-1.0), st.floats(0.0, 1e6, allow_nan=False))
        st.sampled_from(list(Coll)), st.integers(0, 2**40), st.integers(0, 64))
 def test_the_plugin_only_ever_picks_a_declared_entry(declaration, table, coll, nbytes,
                                                      channels) -> None:
-    """Through the plugin's own semantics (shm.apply, checked against the C code by
+    """Through the plugin's own semantics (layout.apply, checked against the C code by
     test_tuner_plugin): whatever the table, a choice either leaves NCCL's decision
     alone or points it at an algorithm/protocol the tenant allowed for that
     collective and size, with channels inside the declared range."""

@@ -50,15 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.links.health import LevelHold, LinkJudgement
-from agent.tuning.policies import (
-    CHOICE_NAMES,
-    DEFAULT,
-    Choice,
-    Derivation,
-    derive,
-    severity_of,
-)
-from agent.tuning.shm import (
+from agent.tuning.layout import (
     MAX_COMMS,
     MAX_RULESETS,
     CommEntry,
@@ -66,6 +58,14 @@ from agent.tuning.shm import (
     Rule,
     StatsSlot,
     ruleset_hash,
+)
+from agent.tuning.policies import (
+    CHOICE_NAMES,
+    DEFAULT,
+    Choice,
+    Derivation,
+    derive,
+    severity_of,
 )
 from harmonaize.messages import (
     AckPhase,

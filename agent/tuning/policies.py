@@ -36,7 +36,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
-from agent.tuning.shm import (
+from agent.tuning.layout import (
     MAX_PREFS,
     MAX_RULES,
     MAX_RULESETS,

@@ -40,6 +40,7 @@ from agent.links.types import LinkSample
 from agent.observations import Observations
 from agent.tuning import nextlaunch
 from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
+from agent.tuning.layout import NCCL_CAP_VERSION, U32_MAX, StatsSlots, validate_job
 from agent.tuning.loop import (
     Action,
     LoopSettings,
@@ -52,10 +53,7 @@ from agent.tuning.loop import (
 )
 from agent.tuning.policies import CHOICE_NAMES, describe_rule
 from agent.tuning.shm import (
-    NCCL_CAP_VERSION,
-    U32_MAX,
     PolicyFile,
-    StatsSlots,
     job_dir,
     launch_path,
     policy_path,
@@ -63,7 +61,6 @@ from agent.tuning.shm import (
     prepare_job_dir,
     read_policy,
     read_stats,
-    validate_job,
 )
 from harmonaize.messages import (
     AckPhase,

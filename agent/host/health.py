@@ -1,6 +1,7 @@
 """Sans-I/O host health: observations in, conditions, events and a summary out.
 
-Rules turn each interval's observations into findings; the condition tracker
+The host's own rules (:mod:`agent.host.rules`), the link engine's and the GPU
+engine's turn each interval's observations into findings; the condition tracker
 (:mod:`agent.conditions`) adds hysteresis and reports transitions as events.
 Time is a parameter; nothing here reads a clock or does I/O.
 """
@@ -14,9 +15,10 @@ from typing import Any
 from agent.conditions import ConditionTracker, Finding, health_of
 from agent.config import ObserversSection
 from agent.gpu.health import GpuHealthEngine, GpuStep
+from agent.host.rules import host_findings
 from agent.links.health import LinkHealthEngine, LinkLevels, LinkStep, views
 from agent.observations import Observations
-from harmonaize.messages import HostEvent, HostSummary, JobAdvisory, Severity
+from harmonaize.messages import HostEvent, HostSummary, JobAdvisory
 
 #: With unchanged inputs, the whole step is still re-evaluated this often (seconds).
 FULL_STEP = 1.0
@@ -55,44 +57,6 @@ class HostHealthEngine:
         self.gpus.configure(cfg.gpu)
         self._last = None  # the next step evaluates everything
 
-    def findings(
-        self,
-        observations: Observations,
-        failing: Mapping[str, str],
-        drained: str | None,
-    ) -> list[Finding]:
-        found = [
-            Finding(
-                "ObserverFailure",
-                bool(failing),
-                Severity.WARNING,
-                "ObserverFailing" if failing else "",
-                "; ".join(f"{name}: {err}" for name, err in sorted(failing.items()))[:1000],
-                sustain=0.0,
-            ),
-            Finding(
-                "Drained",
-                drained is not None,
-                Severity.INFO,
-                "OperatorDrain" if drained is not None else "",
-                drained or "",
-            ),
-        ]
-        host = observations.host
-        if host is not None:
-            fraction = host.memory_available_fraction
-            found.append(
-                Finding(
-                    "MemoryPressure",
-                    fraction < self.cfg.memory_available_min,
-                    Severity.WARNING,
-                    "LowAvailableMemory",
-                    f"{fraction:.1%} of memory available",
-                    sustain=self.cfg.sustain,
-                )
-            )
-        return found
-
     def step(
         self,
         observations: Observations,
@@ -129,10 +93,8 @@ class HostHealthEngine:
         *,
         extra: Sequence[Finding] = (),
     ) -> HealthStep:
-        findings = self.findings(observations, failing or {}, drained) + list(extra)
-        findings.append(Finding(
-            "HostValidationFailed", validation_failure is not None, Severity.WARNING,
-            "HostCheckFailed" if validation_failure else "", validation_failure or ""))
+        findings = host_findings(self.cfg, observations.host, failing or {}, drained,
+                                 validation_failure) + list(extra)
         link_step = self.links.step(views(observations.links, observations.rdma), now)
         self.link_levels = link_step.links
         gpu_step = self.gpus.step(observations.gpu, now)

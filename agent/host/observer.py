@@ -1,4 +1,4 @@
-"""Host observer: CPU, memory and load.
+"""Host observer (I/O): CPU, memory and load.
 
 Reads /proc/stat and /proc/meminfo from files kept open (procfs regenerates
 them on every read at offset 0): a tenth of what parsing them afresh through
@@ -9,29 +9,13 @@ psutil supplies the boot time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import psutil
 
 from agent.config import AgentConfig
+from agent.host.types import HostSample
 from agent.links.sysfs import ProcFile
 from agent.observers.base import Observer, register
-
-
-@dataclass(frozen=True)
-class HostSample:
-    cpu_utilization: float
-    """Share of all CPUs busy since the previous sample, 0..1."""
-    memory_total_bytes: int
-    memory_available_bytes: int
-    load1: float
-    uptime_seconds: float
-
-    @property
-    def memory_available_fraction(self) -> float:
-        if not self.memory_total_bytes:
-            return 1.0
-        return self.memory_available_bytes / self.memory_total_bytes
 
 
 def parse_meminfo(text: str) -> tuple[int, int]:
