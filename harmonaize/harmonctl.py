@@ -11,14 +11,16 @@ import argparse
 import errno
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import shtab
+
 from harmonaize import keys
-from harmonaize.completion import bash_completion, subcommands
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tables import fields, table
 from harmonaize.tuningtables import render_jobs, render_policy
@@ -354,11 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-s", "--socket",
                         default=os.environ.get("HARMONCTL_SOCKET", AGENT_SOCKET),
-                        help="agent socket (default %(default)s, or $HARMONCTL_SOCKET)")
+                        help="agent socket (default %(default)s, or $HARMONCTL_SOCKET)",
+                        ).complete = shtab.FILE  # type: ignore[attr-defined]
     parser.add_argument("-C", "--controller", nargs="?", metavar="ADMIN_SOCKET",
                         const=os.environ.get("HARMONCTL_ADMIN_SOCKET", CONTROLLER_SOCKET),
                         help="talk to the controller's admin socket instead "
-                        f"(default {CONTROLLER_SOCKET}, or $HARMONCTL_ADMIN_SOCKET)")
+                        f"(default {CONTROLLER_SOCKET}, or $HARMONCTL_ADMIN_SOCKET)",
+                        ).complete = SOCKET_OR_COMMAND  # type: ignore[attr-defined]
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("status", parents=[common], help="agent (or controller) status")
@@ -385,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--force", action="store_true", help="release without validating")
     declare = sub.add_parser("declare", parents=[common],
                              help="set a job's declaration on this host from a JSON file")
-    declare.add_argument("file", type=argparse.FileType("r"))
+    declare.add_argument("file", type=argparse.FileType("r")).complete = (  # type: ignore[attr-defined]
+        shtab.FILE)
     declare.add_argument("--group", default=None,
                          help="Unix group (name or number) of the job's processes here: only "
                          "its members may read and follow the job's tuner policy")
@@ -403,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     place = sub.add_parser("place", parents=[common],
                            help="(controller) record a job's placement from a JSON file: "
                            '{"job", "tenant", "members": [{"name", "host"}]}')
-    place.add_argument("file", type=argparse.FileType("r"))
+    place.add_argument("file", type=argparse.FileType("r")).complete = (  # type: ignore[attr-defined]
+        shtab.FILE)
     unplace = sub.add_parser("unplace", parents=[common], help="(controller) forget a job")
     unplace.add_argument("job")
     events.add_argument("--limit", type=int, default=50)
@@ -416,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="make a CurveZMQ key pair (local: talks to no daemon)")
     keygen.add_argument("name", help="controller, a host id, or a tenant name")
     keygen.add_argument("--dir", type=Path, default=Path(DEFAULT_KEYS_DIR),
-                        help="where to write NAME.key and NAME.key_secret (default %(default)s)")
+                        help="where to write NAME.key and NAME.key_secret (default %(default)s)",
+                        ).complete = shtab.DIRECTORY  # type: ignore[attr-defined]
     sub.add_parser("help", parents=[common], help="commands the server offers")
     watch = sub.add_parser("watch", parents=[common],
                            help="redraw a read-only command every second until Ctrl-C "
@@ -428,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--limit", type=int, help="with events or validations: how many")
     completion = sub.add_parser("completion", parents=[common],
                                 help="print a shell completion script (local)")
-    completion.add_argument("shell", choices=("bash",))
+    completion.add_argument("shell", choices=("bash", "zsh"))
     return parser
 
 
@@ -571,8 +578,28 @@ def _normalize(argv: list[str]) -> list[str]:
     return out
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def _command_names() -> list[str]:
     return list(subcommands(build_parser()))
+
+
+#: ``-C`` takes an optional admin socket: after it, offer the commands and files.
+SOCKET_OR_COMMAND = {"bash": "_harmonctl_socket_or_command", "zsh": "_files"}
+
+
+def completion_script(shell: str) -> str:
+    """The shell's completion script, generated by shtab from the parser itself, so it
+    never falls behind the CLI (commands, options, choices, files where a path goes)."""
+    preamble = {"bash": "_harmonctl_socket_or_command() {\n"
+                        f"    compgen -W {shlex.quote(' '.join(_command_names()))} -- \"$1\"\n"
+                        "    compgen -f -- \"$1\"\n}\n"}.get(shell, "")
+    return shtab.complete(build_parser(), shell=shell, preamble=preamble)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -582,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "keygen":
         return _keygen(ns, as_json)
     if ns.command == "completion":
-        script = bash_completion(build_parser())
+        script = completion_script(ns.shell)
         if as_json:
             print(json.dumps({"shell": ns.shell, "script": script}))
         else:

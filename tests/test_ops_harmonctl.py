@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.completion import subcommands
-from harmonaize.harmonctl import LOCAL, build_parser
+from harmonaize.harmonctl import LOCAL, build_parser, subcommands
 from tests.conftest import needs_root, python
 from tests.daemons import NO_LINKS, fake_gpus, gpu_section, start_agent, start_controller
 
@@ -173,7 +172,7 @@ def test_bash_completion_completes_commands_options_and_choices(workdir: Path) -
     probe = f"""
 source {script}
 comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMPREPLY=()
-         _harmonctl; echo "${{COMPREPLY[*]}}"; }}
+         _shtab_harmonctl; echo "${{COMPREPLY[*]}}"; }}
 comp harmonctl va
 comp harmonctl -C ho
 comp harmonctl -s /x.sock drain --
@@ -185,3 +184,6 @@ comp harmonctl --ti
                          check=True).stdout.splitlines()
     assert out == ["validate validations", "hosts", "--help --json --reason --gpu", "1 2 3",
                    "gpus", "--timeout"]
+    zsh = harmonctl("completion", "zsh")
+    assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef harmonctl\n")
+    assert all(command in zsh.stdout for command in subcommands(build_parser()))

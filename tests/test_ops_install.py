@@ -63,7 +63,7 @@ def test_install_puts_everything_in_place_and_uninstall_removes_it(stage: Path) 
         script = stage / "opt/harmonaize/bin" / command
         assert script.read_text().startswith("#!/opt/harmonaize/bin/python\n")
     completion = stage / "usr/share/bash-completion/completions/harmonctl"
-    assert "complete -F _harmonctl harmonctl" in completion.read_text()
+    assert "-F _shtab_harmonctl harmonctl" in completion.read_text()
     subprocess.run(["bash", "-n", str(completion)], check=True)
 
     # The installed package (not the checkout) imports and runs; its dependencies
