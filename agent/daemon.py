@@ -6,6 +6,9 @@ steps the GPU and link engines, the tuning loop, validation's planner) and
 module. This module owns the clock, the sockets, signals and systemd notification.
 """
 
+# Over 400 lines because the shell owns every clock, socket and signal of the agent; the
+# decisions and the commands are in the domains, what is left is their wiring.
+
 from __future__ import annotations
 
 import asyncio

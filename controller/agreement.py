@@ -39,6 +39,10 @@ Pure: time is a parameter and nothing here does I/O; the controller stores
 :meth:`snapshot` before sending what :meth:`step` returns.
 """
 
+# Over 400 lines because multi-host agreement (reports, arm, every host's acknowledgement,
+# commit or cancel, step-down hold, durable state) is one protocol; split, its
+# invariants would be spread over modules.
+
 from __future__ import annotations
 
 import math

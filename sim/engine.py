@@ -20,6 +20,9 @@ opportunistic: when jobs wait, the provider reclaims them (the job restarts at i
 requested size from its last checkpoint).
 """
 
+# Over 400 lines because the discrete-event simulator's scheduler, jobs and failure handling
+# share one event queue and clock; split, every part would reach into the queue.
+
 from __future__ import annotations
 
 import heapq

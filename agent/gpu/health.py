@@ -13,6 +13,10 @@ goes up, the job gets a checkpoint advisory in its own terms. Time is a
 parameter; nothing here reads a clock or does I/O.
 """
 
+# Over 400 lines because one GPU's states, its quarantine latch and its jobs' advisories are
+# one state machine; the XID meanings are in agent/gpu/xid.py and the actions in
+# agent/gpu/actions.py.
+
 from __future__ import annotations
 
 from collections import deque

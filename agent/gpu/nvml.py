@@ -13,6 +13,10 @@ arrive on a thread of their own through ``nvmlEventSetWait_v2``, and a
 repeated identical XID is still a new event.
 """
 
+# Over 400 lines because every NVML call the agent makes goes through here, each bounded, on
+# NVML's own threads, with the event thread; keeping them together keeps the threading
+# rules in one place.
+
 from __future__ import annotations
 
 import contextlib

@@ -8,6 +8,9 @@ kernel headers, no tracefs, or ``mode = "proc"``) the same rates come from
 and the observer's detail line says why.
 """
 
+# Over 400 lines because the eBPF, tracefs and /proc paths must produce the same LinkSample;
+# they share the rate arithmetic and the fallback decision, so they live together.
+
 from __future__ import annotations
 
 import dataclasses

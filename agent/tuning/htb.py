@@ -27,6 +27,10 @@ RDMA traffic never passes the qdisc (``research/nccl.md`` §5): this orders
 the kernel paths only (NCCL's socket transport, checkpoints, data loading).
 """
 
+# Over 400 lines because the plan (which job gets which class and rate) and the shaper
+# that makes the kernel agree with it share one vocabulary of class ids and rates;
+# split, each half would need the other's internals.
+
 from __future__ import annotations
 
 import contextlib

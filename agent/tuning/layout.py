@@ -18,6 +18,9 @@ tuning loop imports only this module; the files themselves are
 :mod:`agent.tuning.shm`'s.
 """
 
+# Over 400 lines because it mirrors native/tuner/hz_shm.h and the plugin's semantics byte for
+# byte (policy, stats, evaluate, apply); one file is what the C side is checked against.
+
 from __future__ import annotations
 
 import dataclasses

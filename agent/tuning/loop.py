@@ -41,6 +41,10 @@ where the agent cannot see every rank (a single-host communicator with fewer
 visible ranks than NCCL says it has), nor above a rank's own revision.
 """
 
+# Over 400 lines because the two-step switch (arm, then confirm or cancel) must be read as one
+# state machine; the single-host path, the multi-host path and the retirement of a job
+# share JobState and CommState and every invariant in the docstring spans them.
+
 from __future__ import annotations
 
 import dataclasses

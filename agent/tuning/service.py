@@ -19,6 +19,9 @@ while no agent runs every rank keeps what it follows. Files of jobs no
 declaration claims within ``orphan_grace`` seconds of a start are removed.
 """
 
+# Over 400 lines because it is the tuning domain's I/O shell (files, groups, HTB, next-launch text,
+# the controller's phases); each part is short and all share the job table.
+
 from __future__ import annotations
 
 import contextlib

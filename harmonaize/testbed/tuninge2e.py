@@ -15,6 +15,9 @@ waiting at an unconfirmed switch (after the system had time to settle) are
 counted as stuck.
 """
 
+# Over 400 lines because a test harness: real ranks, a real agent and controller, and the
+# faults the divergence campaign injects, kept as one scenario runner.
+
 from __future__ import annotations
 
 import contextlib

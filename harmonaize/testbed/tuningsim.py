@@ -22,6 +22,9 @@ answered differently at any index both issued. After the faults it lets the
 system settle and counts ranks still waiting (a liveness failure).
 """
 
+# Over 400 lines because a test harness: the in-process divergence campaign (hosts, ranks,
+# controller, network and faults) in one deterministic simulation.
+
 from __future__ import annotations
 
 import contextlib
