@@ -9,7 +9,8 @@ import pytest
 from agent.config import GpuObserverSection
 from agent.gpu.actions import Action
 from agent.gpu.health import GpuHealthEngine, GpuState
-from agent.gpu.nvml import FIELDS
+from agent.gpu.nvml import FIELDS, VERSIONS
+from agent.gpu.observer import SAMPLES
 from agent.gpu.types import (
     XID_EVENT,
     GpuCounters,
@@ -44,14 +45,20 @@ def telemetry(**values) -> GpuTelemetry:
     return GpuTelemetry(**base)
 
 
+READINGS: dict[str, int] = {}
+
+
 def sample(c: GpuCounters | None = None, t: GpuTelemetry | None = None, *, lost: bool = False,
            hung: tuple[str, float] | None = None, xids: tuple[int, ...] = (),
            jobs: tuple[JobRef, ...] = (), index: int = 0) -> GpuSample:
     identity = dataclasses.replace(IDENTITY, index=index)
     snap = GpuSnapshot(identity, c or counters(), t or telemetry(), lost,
                        hung[0] if hung else None, hung[1] if hung else 0.0)
+    # As a reader numbers them: the same readings keep their version.
+    snap = dataclasses.replace(snap, version=READINGS.setdefault(repr(snap), next(VERSIONS)))
     events = tuple(NvmlEvent(index, XID_EVENT, x, 0.0) for x in xids)
-    return GpuSample((snap,), events, {index: jobs} if jobs else {}, call_timeout=2.0)
+    return GpuSample((snap,), events, {index: jobs} if jobs else {}, call_timeout=2.0,
+                     seq=next(SAMPLES))
 
 
 def engine(**cfg) -> GpuHealthEngine:

@@ -155,7 +155,8 @@ class GpuHealthEngine:
         self._advised: dict[str, tuple[Urgency, float]] = {}  # job -> (urgency, when)
         self._last: GpuStep | None = None
         self._last_at = float("-inf")
-        self._seen: GpuSample | None = None
+        #: The number of the last observation stepped on (-1: none yet).
+        self._seen = -1
         #: Set when a GPU's state moved (also from outside a step: validation,
         #: operators); the host engine then re-evaluates at once.
         self.changed = False
@@ -240,12 +241,13 @@ class GpuHealthEngine:
         events: list[HostEvent] = []
         evaluated = False
         changed, self.changed = self.changed, False
-        if sample is self._seen and self._last is not None and not changed \
+        seq = sample.seq if sample is not None else -1
+        if seq == self._seen and self._last is not None and not changed \
                 and now - self._last_at < FULL_EVALUATION:
             # The observer handed on the same observation: nothing new at all.
             return GpuStep(self._last.gpus, self._last.counts, self._last.findings, [], [],
                            self._last.action)
-        fresh, self._seen = sample is not self._seen, sample
+        fresh, self._seen = seq != self._seen, seq
         if sample is not None:
             with_xids = set()
             for event in sample.events if fresh else ():  # an old sample's events are done
@@ -258,8 +260,7 @@ class GpuHealthEngine:
                 previous = gpu.snapshot
                 gpu.uuid, gpu.name, gpu.snapshot = snap.identity.uuid, snap.identity.name, snap
                 if (previous is not None and gpu.view is not None
-                        and snap.counters is previous.counters
-                        and snap.telemetry is previous.telemetry
+                        and snap.version == previous.version
                         and snap.lost == previous.lost and snap.hung_call is None
                         and previous.hung_call is None and gpu.index not in with_xids
                         and jobs == gpu.jobs and now - gpu.evaluated_at < FULL_EVALUATION):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import logging
 import os
 import threading
@@ -42,6 +43,10 @@ from agent.gpu.types import (
 from harmonaize.threads import set_os_thread_name
 
 log = logging.getLogger(__name__)
+
+#: Versions of GPU readings, unique in the process (``next`` is atomic under the GIL):
+#: a reader made after a reload never repeats a number an engine saw from the last one.
+VERSIONS = itertools.count(1)
 
 T = TypeVar("T")
 
@@ -116,7 +121,7 @@ class GpuReader:
     def __init__(self, identity: GpuIdentity, handle: Any,
                  on_change: Callable[[], None]) -> None:
         #: Bumped whenever counters, telemetry or the lost flag are replaced.
-        self.version = 0
+        self.version = next(VERSIONS)
         self.identity = identity
         self.handle = handle
         self.on_change = on_change
@@ -136,6 +141,7 @@ class GpuReader:
         return GpuSnapshot(
             self.identity, self.counters, self.telemetry, self.lost,
             call[0] if call else None, now - call[1] if call else 0.0, self.error,
+            self.version,
         )
 
     def read(self, now: float, counter_interval: float, slow_interval: float,
@@ -161,7 +167,7 @@ class GpuReader:
             return fn(self.handle, *args)
         except nvml.NVMLError_GpuIsLost:
             self.lost = True
-            self.version += 1
+            self.version = next(VERSIONS)
             self.error = "GPU is lost (fell off the bus)"
             self.on_change()
             raise
@@ -187,7 +193,7 @@ class GpuReader:
             return  # keep the old object: "nothing new" is then cheap to see
         changed = self.counters is not None
         self.counters = fresh
-        self.version += 1
+        self.version = next(VERSIONS)
         if changed:
             self.on_change()
 
@@ -224,7 +230,7 @@ class GpuReader:
         )
         if fresh != self.telemetry:
             self.telemetry = fresh
-            self.version += 1
+            self.version = next(VERSIONS)
 
 
 class GpuSampler(threading.Thread):

@@ -7,6 +7,7 @@ the last sample, and the provider's job label of every process on each GPU.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from agent.config import AgentConfig, GpuObserverSection
@@ -14,6 +15,10 @@ from agent.gpu.jobs import JobResolver
 from agent.gpu.nvml import Nvml, NvmlUnavailable, preload
 from agent.gpu.types import GpuSample, JobRef, gpu_class_of
 from agent.observers.base import FeatureAbsent, Observer, register
+
+#: Observation numbers, unique in the process, so an observer started by a reload
+#: never repeats one the engine already stepped on.
+SAMPLES = itertools.count(1)
 
 
 class GpuObserver(Observer):
@@ -61,7 +66,7 @@ class GpuObserver(Observer):
     def sample(self, now: float) -> GpuSample:
         assert self.nvml is not None
         if self._last is not None and self.nvml.quiet_since(self._last_versions):
-            return self._last  # the same object: the health engine sees nothing new
+            return self._last  # the same observation, number and all: nothing new
         self._last_versions = self.nvml.versions()
         snapshots = self.nvml.snapshots()
         jobs: dict[int, tuple[JobRef, ...]] = {}
@@ -75,7 +80,7 @@ class GpuObserver(Observer):
                                                                               r.rank or "")))
         self.resolver.forget_except(live)
         self._last = GpuSample(tuple(snapshots), tuple(self.nvml.drain_events()), jobs,
-                               self.cfg.call_timeout)
+                               self.cfg.call_timeout, next(SAMPLES))
         return self._last
 
     def stop(self) -> None:

@@ -79,6 +79,9 @@ class GpuSnapshot:
     hung_call: str | None = None
     hung_for: float = 0.0
     error: str = ""
+    #: The reader's version: it rises whenever counters, telemetry or loss changed, so
+    #: an equal version is the same readings (engines compare this, not objects).
+    version: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,5 +107,8 @@ class GpuSample:
     jobs: dict[int, tuple[JobRef, ...]] = field(default_factory=dict)
     #: Seconds after which a GPU stuck in one NVML call counts as unresponsive.
     call_timeout: float = 2.0
+    #: The observer's number for this observation: a repeated number is the same one
+    #: (nothing read since), a new number may carry news and carries new events.
+    seq: int = 0
 
 
