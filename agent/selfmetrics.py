@@ -1,6 +1,7 @@
 """The agent's self-metrics: what ``harmonctl status`` shows, for Prometheus.
 
-Read at scrape time from the daemon's own records, on its event loop. Labels
+Read at scrape time from the daemon's own records, on its event loop; the GPU,
+links and validation domains give their own families (their ``metrics`` modules). Labels
 come only from fixed sets (observer names, states, event reasons); raw
 telemetry (per-link, per-GPU values) stays on the operator socket.
 """
@@ -10,9 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from agent.gpu.health import GpuState
-from agent.links.observer import LinksObserver
+from agent.gpu import metrics as gpu_metrics
+from agent.links import metrics as link_metrics
 from agent.observers.base import State
+from agent.validation import metrics as validation_metrics
 from harmonaize import __version__
 from harmonaize.messages import Health, Status
 from harmonaize.metrics import Family, counter, gauge
@@ -21,19 +23,17 @@ if TYPE_CHECKING:
     from agent.daemon import AgentDaemon
 
 P = "harmonaize_agent"
-#: Host events that are validation verdicts, and the outcome label they count under.
-VERDICTS = {"ValidationPassed": "passed", "ValidationFailed": "failed",
-            "ValidationUndecided": "undecided"}
 
 
 def collect(daemon: AgentDaemon) -> list[Family]:
     return [
         *_process(daemon),
         *_observers(daemon),
-        *_bpf(daemon),
+        *link_metrics.families(P, daemon.observers),
         *_health(daemon),
+        *gpu_metrics.families(P, daemon.summary, daemon.advisories_sent),
         *_uplink(daemon),
-        *_validation(daemon),
+        *validation_metrics.families(P, daemon.validation, daemon.events_by_reason),
         *_socket(daemon),
         *(daemon.metrics.families() if daemon.metrics is not None else ()),
     ]
@@ -77,27 +77,13 @@ def _observers(daemon: AgentDaemon) -> list[Family]:
     return [state, success, duration, runs, failures]
 
 
-def _bpf(daemon: AgentDaemon) -> list[Family]:
-    attached = gauge(f"{P}_bpf_programs_attached",
-                     "eBPF programs attached, by hook (tc: two per watched link).")
-    links = daemon.observers.get("links")
-    datapath = links.datapath if isinstance(links, LinksObserver) else None
-    tc = 2 * len(datapath.attached) if datapath is not None else 0
-    tracepoints = int(datapath.has_retransmits) + int(datapath.has_drops) if datapath else 0
-    return [attached.add(tc, hook="tc").add(tracepoints, hook="tracepoint")]
-
-
 def _health(daemon: AgentDaemon) -> list[Family]:
     summary = daemon.summary
     health = gauge(f"{P}_health", "The host's health (1 for the current one).")
-    gpus = gauge(f"{P}_gpus", "GPUs by health state.")
     conditions = gauge(f"{P}_conditions", "Problem conditions holding now, by type.")
     if summary is not None:
         for value in Health:
             health.add(summary.health is value, health=value.value)
-        counts = summary.gpus
-        for value in GpuState:
-            gpus.add(getattr(counts, value.value, 0), state=value.value)
         holding = Counter(c.type for c in summary.conditions if c.status is Status.TRUE)
         for kind, count in sorted(holding.items()):
             conditions.add(count, type=kind)
@@ -105,15 +91,11 @@ def _health(daemon: AgentDaemon) -> list[Family]:
     for reason, count in sorted(daemon.events_by_reason.items()):
         events.add(count, reason=reason)
     return [
-        health, gpus, conditions,
-        gauge(f"{P}_gpus_in_use", "GPUs running a tenant's processes (any state).").add(
-            summary.gpus.in_use if summary is not None else None),
+        health, conditions,
         gauge(f"{P}_schedulable", "Whether the host offers capacity to tenants.").add(
             summary.schedulable if summary is not None else None),
         gauge(f"{P}_drained", "Whether an operator drained the host.").add(
             daemon.drained is not None),
-        counter(f"{P}_advisories_total", "Checkpoint advisories sent to jobs.").add(
-            daemon.advisories_sent),
         events,
     ]
 
@@ -144,22 +126,6 @@ def _uplink(daemon: AgentDaemon) -> list[Family]:
         gauge(f"{P}_uplink_last_ack_age_seconds",
               "Seconds since the controller last acknowledged (absent before the first).").add(
             status["last_ack_age_seconds"]),
-    ]
-
-
-def _validation(daemon: AgentDaemon) -> list[Family]:
-    verdicts = counter(f"{P}_validations_total", "Validations finished, by outcome.")
-    for reason, outcome in VERDICTS.items():
-        verdicts.add(daemon.events_by_reason.get(reason, 0), outcome=outcome)
-    service = daemon.validation
-    if service is None:
-        return [verdicts]
-    status = service.status()
-    return [
-        verdicts,
-        gauge(f"{P}_validations_running", "Validations running now.").add(
-            len(status["running"])),
-        gauge(f"{P}_quarantined", "Devices in quarantine.").add(len(status["quarantined"])),
     ]
 
 

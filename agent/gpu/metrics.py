@@ -1,0 +1,21 @@
+"""The GPU domain's metrics: GPUs by state, GPUs in use, advisories sent."""
+
+from __future__ import annotations
+
+from agent.gpu.health import GpuState
+from harmonaize.messages import HostSummary
+from harmonaize.metrics import Family, counter, gauge
+
+
+def families(prefix: str, summary: HostSummary | None, advisories_sent: int) -> list[Family]:
+    gpus = gauge(f"{prefix}_gpus", "GPUs by health state.")
+    if summary is not None:
+        for value in GpuState:
+            gpus.add(getattr(summary.gpus, value.value, 0), state=value.value)
+    return [
+        gpus,
+        gauge(f"{prefix}_gpus_in_use", "GPUs running a tenant's processes (any state).").add(
+            summary.gpus.in_use if summary is not None else None),
+        counter(f"{prefix}_advisories_total", "Checkpoint advisories sent to jobs.").add(
+            advisories_sent),
+    ]
