@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from controller.redaction import HostState
+from controller.types import HostState
 from harmonaize.messages import (
     Ack,
     Category,

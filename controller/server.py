@@ -44,8 +44,9 @@ from controller.feed import Budgets, FeedHub, Subscriber
 from controller.handshakes import HANDSHAKE_TIMEOUT_MS, PortWatch
 from controller.handshakes import watch as watch_handshakes
 from controller.limits import descriptors, raise_descriptor_limit
-from controller.redaction import Member, Placement, Redactor
+from controller.redaction import Redactor
 from controller.store import Store, StoreError
+from controller.types import Member, Placement
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
 from harmonaize.logs import one_line

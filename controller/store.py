@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 
 from controller.cluster import HostRecord, StoredEvent
-from controller.redaction import Member, Placement
+from controller.types import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
