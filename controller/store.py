@@ -18,6 +18,7 @@ from pathlib import Path
 import msgpack
 
 from controller.cluster import HostRecord, StoredEvent
+from controller.outputs import Restored, Writes
 from controller.types import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
@@ -323,6 +324,74 @@ class Store:
                 " VALUES (?, ?, ?, ?)",
                 [(t, seq, int(cond), frame) for t, seq, cond, frame in feed_log],
             )
+
+    def restored(self) -> Restored:
+        """Everything a new core begins from."""
+        return Restored(tuple(self.load_hosts()), self.load_tuning(),
+                        tuple(self.load_placements()), self.load_feed_seqs(),
+                        self.latest_conditions(), tuple(self.load_declarations()),
+                        self.feed_epoch)
+
+    def commit(self, writes: Writes) -> None:
+        """Store one batch in one transaction (before anything that depends on it is sent)."""
+        if not writes:
+            return
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                "INSERT OR REPLACE INTO hosts (host_id, pool, gpu_class, gpus, version, epoch,"
+                " last_seq, heartbeat, alive, down_reason, summary)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        h.host_id, h.pool, h.gpu_class, h.gpus, h.version, h.epoch, h.last_seq,
+                        h.heartbeat, int(h.alive), h.down_reason,
+                        None if h.summary is None else msgpack.packb(to_plain(h.summary)),
+                    )
+                    for h in writes.hosts
+                ],
+            )
+            self.db.executemany(
+                "INSERT INTO host_events (host_id, epoch, seq, time, reason, severity, message)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (e.host_id, e.epoch, e.seq, e.time, e.body.reason, e.body.severity.value,
+                     e.body.message)
+                    for e in writes.events
+                ],
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO feed_topics (topic, seq) VALUES (?, ?)",
+                list(writes.feed_seqs.items()),
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame)"
+                " VALUES (?, ?, ?, ?)",
+                [(t, seq, int(cond), frame) for t, seq, cond, frame in writes.feed_log],
+            )
+            for job, declared in writes.declarations.items():
+                if declared is None:
+                    self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
+                else:
+                    tenant, declaration = declared
+                    self.db.execute("INSERT OR REPLACE INTO declarations (job, tenant, body)"
+                                    " VALUES (?, ?, ?)",
+                                    (job, tenant, msgpack.packb(to_plain(declaration))))
+            for job, placement in writes.placements.items():
+                if placement is None:
+                    self.db.execute("DELETE FROM placements WHERE job = ?", (job,))
+                else:
+                    members = json.dumps({"members": [[m.name, m.host_id]
+                                                      for m in placement.members],
+                                          "group": placement.group})
+                    self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
+                                    " VALUES (?, ?, ?)", (job, placement.tenant, members))
+            for job, state in writes.tuning.items():
+                if state is None:
+                    self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
+                else:
+                    self.db.execute("INSERT OR REPLACE INTO tuning (job, state) VALUES (?, ?)",
+                                    (job, json.dumps(state, sort_keys=True)))
 
     def prune_events(self, keep: int = EVENT_RETENTION) -> int:
         with self.db:
