@@ -29,6 +29,10 @@ copied from an agent: the redactor rebuilds advisories and aggregates, the
 agreement's choice is one of its own names, a declaration reaches a host with
 the placement's group. Bad input is counted and logged in one line (at most a
 burst per window), and the core keeps going.
+
+(Just over 400 lines: agents' and tenants' messages share the held sends and the
+Commit that releases them, so they stay one class; declarations, the feed and
+the operator views are modules of their own.)
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ Between frames the shell sleeps until the core's next deadline (a host that
 may have gone silent, a capacity update held back by its interval and jitter,
 an agreement timeout or resend, a subscription's renewal, republication,
 pruning), or until new input may have moved it.
+
+(A little over 400 lines: the sockets, the three loops, executing the core's
+outputs, reload and the operator socket's wiring are one shell, and all of it
+is I/O; what it decides is the core's.)
 """
 
 from __future__ import annotations
