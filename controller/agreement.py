@@ -302,14 +302,35 @@ class Agreement:
         return out
 
     def next_deadline(self, now: float) -> float | None:
+        """The earliest time after ``now`` (the last :meth:`step`) at which :meth:`step`
+        or :meth:`health` may answer differently with no new report or acknowledgement;
+        None: not before one comes. The controller sleeps until then, so every rule
+        that reads the clock is here.
+
+        A change in flight is resent ``resend`` after this step, times out
+        ``arm_timeout`` after it was armed and reads as paused ``lead`` after it.
+        Between changes, a back-off ends, a lower wish has lasted ``hold``, and a
+        change leaves the last minute's count. A report goes stale just after
+        ``report_ttl``: its host counts as silent, its records as gone.
+        """
+        settings = self.settings
         times = []
         for job in self._jobs.values():
             decision = job.decision
             if decision is not None:
-                times.append(now + self.settings.resend)
+                times.append(now + settings.resend)
                 if decision.commit is None:
-                    times.append(decision.armed_at + self.settings.arm_timeout)
-        return min(times, default=None)
+                    times.append(decision.armed_at + settings.arm_timeout)
+                times.append(decision.armed_at + settings.lead)
+            else:
+                times.append(job.retry_at)
+                if job.lower_since is not None:
+                    times.append(job.lower_since + settings.hold)
+                if job.changes:
+                    times.append(job.changes[0] + 60.0)
+            times.extend(math.nextafter(r.received + settings.report_ttl, math.inf)
+                         for r in job.reports.values())
+        return min((t for t in times if t > now), default=None)
 
     def health(self, name: str, now: float) -> tuple[str, TuningStatus]:
         """What the job's tenant may know: the choice in force and whether ranks agree.

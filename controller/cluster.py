@@ -7,16 +7,21 @@ in order (``seq == last + 1``); duplicates and gaps are not processed and are
 answered with the last accepted sequence number, so the agent goes back and
 resends. Acknowledgements are returned to the shell, which sends them only
 after the state they cover is committed.
+
+A host that is up is counted down once it was silent for ``missed_heartbeats``
+of its heartbeat intervals. :attr:`Cluster.silent_from` says when that can
+first happen, so the shell need not look before then.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from controller.redaction import HostState
+from controller.types import HostState
 from harmonaize.messages import (
     Ack,
     Category,
@@ -104,6 +109,10 @@ class Cluster:
     hellos: list[str] = field(default_factory=list)
     #: Set whenever something tenants may see could have changed.
     changed: bool = True
+    #: No host that is up can be counted silent before this: lowered as hosts come up
+    #: or say hello, made exact again by each :meth:`tick` (hosts only move it later
+    #: by speaking, so a bound that is too early costs one look, never a late one).
+    silent_from: float = math.inf
 
     def restore(self, records: Iterable[HostRecord], now: float) -> None:
         """Load hosts from the database after a restart.
@@ -114,6 +123,8 @@ class Cluster:
         for record in records:
             record.last_seen = now
             self.hosts[record.host_id] = record
+            if record.alive:
+                self._may_fall_silent(record)
         self.changed = True
 
     def receive(self, conn: bytes, env: Envelope, now: float) -> list[Reply]:
@@ -180,6 +191,7 @@ class Cluster:
         host.gpus, host.version, host.heartbeat = hello.gpus, hello.version, hello.heartbeat
         host.last_seen = now
         self._set_alive(host, True)
+        self._may_fall_silent(host)  # its heartbeat may be shorter now
         self.dirty.add(host_id)
         self.hellos.append(host_id)
         self.counters["hello"] += 1
@@ -192,14 +204,27 @@ class Cluster:
             self.dirty.add(host.host_id)
             self.changed = True
             self.counters["host_up" if alive else "host_down"] += 1
+            if alive:
+                self._may_fall_silent(host)
+
+    def _may_fall_silent(self, host: HostRecord) -> None:
+        self.silent_from = min(self.silent_from,
+                               host.last_seen + self.missed_heartbeats * host.heartbeat)
 
     def tick(self, now: float) -> list[str]:
         """Count silent hosts down; returns the hosts that went down."""
         gone = []
+        silent_from = math.inf
         for host in self.hosts.values():
-            if host.alive and now - host.last_seen > self.missed_heartbeats * host.heartbeat:
+            if not host.alive:
+                continue
+            limit = self.missed_heartbeats * host.heartbeat
+            if now - host.last_seen > limit:
                 self._set_alive(host, False, Down.SILENT)
                 gone.append(host.host_id)
+            else:
+                silent_from = min(silent_from, host.last_seen + limit)
+        self.silent_from = silent_from
         return gone
 
     def views(self) -> list[HostState]:

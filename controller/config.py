@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -33,7 +34,8 @@ class LivenessSection:
     STRICT_KEYS: ClassVar[bool] = True
     #: A host is counted down after this many heartbeat intervals of silence.
     missed_heartbeats: Annotated[int, Num(1, 1000)] = 3
-    #: How often liveness is checked, in seconds.
+    #: Seconds between liveness checks at the least: a check comes when a host may have
+    #: gone silent, and again this long after one that found a host at its very limit.
     check_interval: Annotated[float, Num(0.05, 60.0)] = 0.25
 
 
@@ -89,3 +91,29 @@ class ControllerConfig:
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:
     return config.load(ControllerConfig, path, default=DEFAULT_PATH)
+
+
+def reloaded(old: ControllerConfig,
+             new: ControllerConfig) -> tuple[ControllerConfig, list[str]]:
+    """What a reload puts in force, and the settings whose change waits for a restart.
+
+    Sockets, the database, keys and metrics keep their running values (so status
+    shows what is in force); the rest applies at once.
+    """
+    later = [name for name, before, after in (
+        ("controller.listen", old.controller.listen, new.controller.listen),
+        ("controller.feed", old.controller.feed, new.controller.feed),
+        ("controller.admin_socket", old.controller.admin_socket, new.controller.admin_socket),
+        ("controller.admin_group", old.controller.admin_group, new.controller.admin_group),
+        ("controller.database", old.controller.database, new.controller.database),
+        ("feed.send_hwm", old.feed.send_hwm, new.feed.send_hwm),
+        ("feed.socket_buffer", old.feed.socket_buffer, new.feed.socket_buffer),
+        ("auth", old.auth, new.auth),
+        ("metrics", old.metrics, new.metrics),
+    ) if before != after]
+    running = dataclasses.replace(
+        new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level),
+        feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
+                                 socket_buffer=old.feed.socket_buffer),
+        auth=old.auth, metrics=old.metrics)
+    return running, later

@@ -32,15 +32,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, ClassVar
 
+from controller.types import HostState, Placement, Publication
 from harmonaize.messages import (
     Advice,
     Bucket,
-    GpuCounts,
     Health,
     JobAdvisory,
     JobHealth,
     Level,
-    LinkHealth,
     Message,
     PoolCapacity,
     Trend,
@@ -107,51 +106,6 @@ def exact(value: int) -> Bucket:
     return Bucket(value, value)
 
 
-@dataclass(frozen=True)
-class HostState:
-    """The provider's view of one host (the controller's, or the simulator's)."""
-
-    host_id: str
-    pool: str
-    gpu_class: str
-    alive: bool
-    schedulable: bool = True
-    health: Health = Health.HEALTHY
-    gpus: GpuCounts = field(default_factory=GpuCounts)
-    links: tuple[LinkHealth, ...] = ()
-
-    @property
-    def available(self) -> bool:
-        return self.alive and self.schedulable and self.health is not Health.UNHEALTHY
-
-
-@dataclass(frozen=True)
-class Member:
-    """One member of a job (a rank or an instance) and where the provider put it."""
-
-    name: str
-    host_id: str
-
-
-@dataclass(frozen=True)
-class Placement:
-    job: str
-    tenant: str
-    members: tuple[Member, ...]
-    #: The Unix group of the job's processes on its hosts (for its tuner files there).
-    group: str = ""
-
-
-@dataclass(frozen=True)
-class Publication:
-    topic: str
-    body: Message
-    #: The only tenant that may receive it; None for pool-level messages.
-    tenant: str | None
-    #: The earliest time it may be published.
-    at: float
-
-
 #: The reason classes a tenant may be told (an advisory naming any other is refused).
 ADVISORY_REASONS = frozenset({"gpu-memory", "gpu-failure", "interconnect", "thermal"})
 #: A validation notice never announces a start further ahead than this (seconds).
@@ -206,14 +160,23 @@ class Redactor:
                       t.endswith(f"/{job}/")]:
             del self._topics[topic]
 
-    def observe(self, hosts: Iterable[HostState], now: float) -> None:
-        """Recompute every aggregate from the hosts' current states."""
+    def observe(self, hosts: Iterable[HostState], now: float,
+                jobs: Iterable[str] | None = None) -> None:
+        """Recompute every aggregate from the hosts' current states.
+
+        ``jobs``: the placed jobs whose health may have changed, in the order to look
+        at them (None: every placed job). A caller that knows which hosts changed (the
+        simulator) passes the jobs on them; the health of any other job would come out
+        as it is, and an unchanged condition publishes nothing anyway.
+        """
         if self.cfg.mode is Mode.NONE:
             return
         hosts = list(hosts)
         self._capacity(hosts, now)
         by_id = {h.host_id: h for h in hosts}
-        for placement in self.placements.values():
+        placements = self.placements.values() if jobs is None else [
+            p for job in jobs if (p := self.placements.get(job)) is not None]
+        for placement in placements:
             self._job_health(placement, by_id, now)
 
     def advisory(self, host_id: str, advisory: JobAdvisory | ValidationNotice, now: float,

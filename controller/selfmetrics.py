@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from controller.server import ControllerServer
 
 P = "harmonaize_controller"
-#: Feed counters (``ControllerServer.feed_stats`` keys) and what they are.
+#: Feed counters (``ControllerCore.feed.stats`` keys) and what they are.
 FEED_COUNTERS = {
     "published": ("feed_messages_published_total", "Messages published on the tenant feed."),
     "dropped": ("feed_messages_dropped_total",
@@ -44,18 +44,19 @@ FEED_COUNTERS = {
 
 
 def collect(server: ControllerServer) -> list[Family]:
-    hosts = server.cluster.hosts.values()
+    core = server.core
+    hosts = core.cluster.hosts.values()
     alive = sum(1 for host in hosts if host.alive)
     rejected = counter(f"{P}_frames_rejected_total", "Agent frames rejected, by reason.")
-    for reason, count in sorted(server.rejected.items()):
+    for reason, count in sorted(core.rejected.items()):
         rejected.add(count, reason=reason)
     protocol = counter(f"{P}_protocol_messages_total",
                        "Agent protocol outcomes (accepted, duplicate, hello, ...).")
-    for outcome, count in sorted(server.cluster.counters.items()):
+    for outcome, count in sorted(core.cluster.counters.items()):
         protocol.add(count, outcome=outcome)
     now = time.monotonic()
-    states = Counter(server.agreement.health(job, now)[1].value
-                     for job in server.redactor.placements)
+    states = Counter(core.agreement.health(job, now)[1].value
+                     for job in core.redactor.placements)
     tuning = gauge(f"{P}_tuning_jobs",
                    "Placed jobs by how their ranks' retuning stands: steady, paused (ranks wait "
                    "at a switching point), diverged (ranks answered differently).")
@@ -64,7 +65,7 @@ def collect(server: ControllerServer) -> list[Family]:
     changes = counter(f"{P}_tuning_changes_total",
                       "Multi-host tuning changes, by outcome (armed, confirmed, cancelled).")
     for outcome in ("armed", "confirmed", "cancelled"):
-        changes.add(server.agreement.counters.get(outcome, 0), outcome=outcome)
+        changes.add(core.agreement.counters.get(outcome, 0), outcome=outcome)
     handshakes = counter(f"{P}_handshakes_failed_total",
                          "Connections whose ZeroMQ handshake failed, by port and reason (auth: "
                          "a key not on file; protocol: no CurveZMQ; no_detail: a wrong server "
@@ -84,22 +85,22 @@ def collect(server: ControllerServer) -> list[Family]:
         gauge(f"{P}_start_time_seconds", "When the controller started, in Unix time.").add(
             server.started_wall),
         gauge(f"{P}_hosts", "Known hosts, alive or down.").add(alive, state="alive").add(
-            len(server.cluster.hosts) - alive, state="down"),
+            len(core.cluster.hosts) - alive, state="down"),
         counter(f"{P}_frames_received_total", "Frames received from agents.").add(
-            server.frames),
+            core.frames),
         rejected,
         protocol,
         gauge(f"{P}_feed_subscribers", "Tenant connections subscribed now.").add(
-            len(server.hub.subscribers)),
+            len(core.feed.hub.subscribers)),
         gauge(f"{P}_feed_topics", "Feed topics that have carried a message.").add(
-            len(server.feed_seqs)),
+            len(core.feed.seqs)),
         gauge(f"{P}_jobs_placed", "Jobs with a placement from the scheduler.").add(
-            len(server.redactor.placements)),
+            len(core.redactor.placements)),
         tuning,
         changes,
     ]
     for key, (name, help_text) in FEED_COUNTERS.items():
-        families.append(counter(f"{P}_{name}", help_text).add(server.feed_stats.get(key, 0)))
+        families.append(counter(f"{P}_{name}", help_text).add(core.feed.stats.get(key, 0)))
     stats = server.admin.stats
     families += [
         counter(f"{P}_admin_requests_total", "Requests on the admin socket.").add(

@@ -1,50 +1,71 @@
-"""The controller's daemon shell: sockets, batching, persistence, publication.
+"""The controller's daemon shell: sockets, authentication, SQLite, timers.
 
-Agents talk to a ROUTER socket; every batch of frames is applied to the
-sans-I/O :class:`Cluster`, and what tenants may see is worked out by the
-:class:`Redactor` (aggregation and redaction, shared with the simulator).
-The batch's state *and* its publications (numbered per topic, kept in a
-bounded feed log) are committed to SQLite in one transaction; only then are
-agents acknowledged and tenants sent the publications. So nothing an agent
-was told is stored can be lost for a tenant: one that missed it resumes from
-its last sequence number.
+Every decision is the sans-I/O :class:`~controller.core.ControllerCore`'s
+(cluster state, redaction, agreement, declarations, the feed's numbering and
+tenants' access); this module only moves bytes and time in and out of it.
 
-Tenants talk to a second ROUTER socket: they subscribe (access-controlled by
-:mod:`controller.feed`, identity from their CurveZMQ key), renew, resume, and
-send declarations. Each subscriber has its own bounded queue in ZeroMQ; a
-full one loses messages (counted per subscriber) instead of slowing others.
+Agents talk to a ROUTER socket. The shell reads up to a batch of frames,
+decodes each and hands it to the core with the connection's routing id and
+the host its CurveZMQ key names; then it ticks the core, which answers with
+one Commit and the sends that depend on it. The Commit (the batch's state and
+its publications, numbered per topic, kept in a bounded feed log) is stored in
+SQLite in one transaction; only then are agents acknowledged and tenants sent
+the publications. So nothing an agent was told is stored can be lost for a
+tenant: one that missed it resumes from its last sequence number.
+
+Tenants talk to a second ROUTER socket: they subscribe (identity from their
+CurveZMQ key, never from the request), renew, resume, and send declarations.
+Each subscriber has its own bounded queue in ZeroMQ; a full one loses messages
+(counted per subscriber, by the core) instead of slowing others.
+
+Between frames the shell sleeps until the core's next deadline (a host that
+may have gone silent, a capacity update held back by its interval and jitter,
+an agreement timeout or resend, a subscription's renewal, republication,
+pruning), or until new input may have moved it.
+
+(A little over 400 lines: the sockets, the three loops, executing the core's
+outputs, reload and the operator socket's wiring are one shell, and all of it
+is I/O; what it decides is the core's.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import random
 import signal
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from controller import config as controller_config
-from controller import selfmetrics
-from controller.agreement import Agreement
+from controller import selfmetrics, views
 from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
-from controller.cluster import Cluster
-from controller.cluster import Reply as ClusterReply
 from controller.config import AuthMode, ControllerConfig
-from controller.feed import Budgets, FeedHub, Subscriber
+from controller.core import ControllerCore
 from controller.handshakes import HANDSHAKE_TIMEOUT_MS, PortWatch
 from controller.handshakes import watch as watch_handshakes
 from controller.limits import descriptors, raise_descriptor_limit
-from controller.redaction import Member, Placement, Redactor
+from controller.outputs import (
+    AgentPeer,
+    AnswerTenant,
+    BadFrame,
+    Commit,
+    Delivery,
+    Output,
+    Prune,
+    Replay,
+    SendToAgent,
+    SendToTenant,
+    TenantPeer,
+)
+from controller.publications import SENDER
 from controller.store import Store, StoreError
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
@@ -53,63 +74,25 @@ from harmonaize.messages import (
     AGENT_KINDS,
     MAX_FRAME,
     TENANT_KINDS,
-    Category,
-    Hello,
-    JobDeclaration,
-    Message,
-    PoolCapacity,
-    Reply,
-    Subscribe,
-    TuningReport,
-    TuningStatus,
+    Envelope,
     WireError,
     decode,
     encode,
 )
 from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import Ident, Len, Name, SchemaError, from_plain, to_plain
+from harmonaize.schema import SchemaError
 from harmonaize.sdnotify import Notifier
 
 log = logging.getLogger("harmonaize.controller")
 
-SENDER = "controller"
 #: Frames handled per batch before committing and acknowledging.
 BATCH = 2000
-#: Rejected frames logged per window; all of them are counted.
-REJECT_LOG_BURST = 10
-REJECT_LOG_WINDOW = 10.0
-#: Seconds between prunings of old host events and of the feed log beyond its retention.
-FEED_PRUNE_INTERVAL = 60.0
-
-
-@dataclass(frozen=True)
-class MemberRequest:
-    name: Ident
-    host: Ident
-
-
-@dataclass(frozen=True)
-class PlacementRequest:
-    """A placement as the provider's scheduler sends it (validated like any input)."""
-
-    STRICT_KEYS: ClassVar[bool] = True
-    job: Ident
-    tenant: Ident
-    members: Annotated[tuple[MemberRequest, ...], Len(4096, min_len=1)]
-    #: The Unix group (name or number) the job's processes run with on its hosts:
-    #: only that group may read and follow the job's tuner policy there.
-    group: Name = ""
 
 
 def _sent(future: Any) -> BaseException | None:
     """The error of a non-blocking asyncio send (it completes at once), if any."""
     return future.exception() if future.done() else None
-
-
-def _budgets(cfg: ControllerConfig) -> Budgets:
-    feed = cfg.feed
-    return Budgets(feed.request_rate, feed.request_burst, feed.replay_rate, feed.replay_burst)
 
 
 def _bind_or_say(sock: zmq.Socket, key: str, endpoint: str) -> None:
@@ -119,6 +102,18 @@ def _bind_or_say(sock: zmq.Socket, key: str, endpoint: str) -> None:
     except zmq.ZMQError as exc:
         raise RuntimeError(f"{key} = {endpoint!r}: cannot listen there: {exc.strerror}"
                            ) from None
+
+
+def _decoded(frames: list[zmq.Frame], kinds: frozenset[str], *,
+             strict: bool = False) -> tuple[bytes, Envelope | BadFrame]:
+    """A frame pair as (routing id, message), or why it is none."""
+    if len(frames) != 2:
+        return frames[0].bytes, BadFrame("framing",
+                                         f"{len(frames) - 1} frames where one was expected")
+    try:
+        return frames[0].bytes, decode(frames[1].bytes, allowed=kinds, strict=strict)
+    except WireError as exc:
+        return frames[0].bytes, BadFrame("invalid", str(exc), exc.seq)
 
 
 class ControllerServer:
@@ -134,41 +129,12 @@ class ControllerServer:
             self.store = Store(cfg.controller.database, initialise=initialise)
         except StoreError as exc:
             raise RuntimeError(f"controller.database: {exc}") from None
-        self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
-        self.cluster.restore(self.store.load_hosts(), time.monotonic())
-        self.redactor = Redactor(cfg.redaction, random.Random())
-        #: Multi-host jobs' tuning: two-phase changes every host applies alike.
-        self.agreement = Agreement(cfg.tuning)
-        now = time.monotonic()
-        for job, state in self.store.load_tuning().items():
-            try:
-                self.agreement.restore(job, state, now)
-            except (KeyError, TypeError, ValueError) as exc:
-                log.error("job %s: unreadable tuning state ignored: %s", job, exc)
-        for placement in self.store.load_placements():
-            self.redactor.place(placement)
-            self.agreement.set_hosts(placement.job, {m.host_id for m in placement.members})
-        #: Sequence numbers are per topic, so a tenant's gaps say nothing about
-        #: traffic on topics it cannot see.
-        self.feed_seqs = self.store.load_feed_seqs()
-        self._feed_dirty: dict[str, int] = {}
-        #: Publications committed with the next batch, then sent: (topic, seq, condition, frame).
-        self._feed_log: list[tuple[str, int, bool, bytes]] = []
-        self._outgoing: list[tuple[str, bytes]] = []
-        #: Arms and outcomes for agents, sent after the batch's replies.
-        self._tuning_out: list[tuple[str, Message]] = []
-        #: Each topic's newest condition (seq, frame): for late joiners and republication.
-        self.latest = self.store.latest_conditions()
-        self.hub = FeedHub(renew=cfg.feed.renew, budgets=_budgets(cfg))
-        #: Declarations by job: (tenant, declaration).
-        self.declarations: dict[str, tuple[str, JobDeclaration]] = {
-            d.job: (tenant, d) for tenant, d in self.store.load_declarations()}
-        self.frames = 0
-        self.rejected: Counter[str] = Counter()
-        self.feed_stats: Counter[str] = Counter()
-        self._reject_window = (0.0, 0)
+        self.core = ControllerCore(cfg, time.monotonic(), self.store.restored(),
+                                   rng=random.Random())
         self._ctx = zmq.asyncio.Context()
         self._stop = asyncio.Event()
+        #: Set when input may have moved the core's next deadline.
+        self._wake = asyncio.Event()
         self.router: zmq.asyncio.Socket | None = None
         self.tenants: zmq.asyncio.Socket | None = None
         self.zap: ZapHandler | None = None
@@ -238,12 +204,11 @@ class ControllerServer:
             registry.register("controller", lambda: selfmetrics.collect(self))
             self.metrics = MetricsServer(self.cfg.metrics.listen, registry)
             await self.metrics.start()
-        self._flush_publications()
-        self.notifier.ready(f"{len(self.cluster.hosts)} known hosts")
-        log.info(
-            "controller ready: agents on %s, feed on %s, %d known hosts",
-            self.cfg.controller.listen, self.cfg.controller.feed, len(self.cluster.hosts),
-        )
+        self._execute(self.core.tick(time.monotonic(), time.time()))
+        hosts = len(self.core.cluster.hosts)
+        self.notifier.ready(f"{hosts} known hosts")
+        log.info("controller ready: agents on %s, feed on %s, %d known hosts",
+                 self.cfg.controller.listen, self.cfg.controller.feed, hosts)
         tasks = [
             asyncio.create_task(self._ingest_loop(), name="ingest"),
             asyncio.create_task(watch_handshakes(self.router, self.ports["agents"]),
@@ -251,7 +216,7 @@ class ControllerServer:
             asyncio.create_task(watch_handshakes(self.tenants, self.ports["feed"]),
                                 name="feed-port"),
             asyncio.create_task(self._feed_loop(), name="feed"),
-            asyncio.create_task(self._tick_loop(), name="tick"),
+            asyncio.create_task(self._timer_loop(), name="timer"),
         ]
         stopper = asyncio.create_task(self._stop.wait())
         try:
@@ -266,7 +231,7 @@ class ControllerServer:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            self._commit()
+            self._execute(self.core.close())
             await self.admin.close()
             if self.metrics is not None:
                 await self.metrics.close()
@@ -284,352 +249,93 @@ class ControllerServer:
     def stop(self) -> None:
         self._stop.set()
 
-    # --- ingest --------------------------------------------------------------------------
+    # --- the loops -----------------------------------------------------------------------
 
     async def _ingest_loop(self) -> None:
         assert self.router is not None
+        authenticated = self.zap is not None
         while True:
             await self.router.poll(flags=zmq.POLLIN)
             now = time.monotonic()
-            replies = []
+            out: list[Output] = []
             for _ in range(BATCH):
                 try:
                     frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
                 except zmq.Again:
                     break
-                replies.extend(self._frame(frames, now))
-            self._publish_changes()  # staged: committed with the batch, sent after
-            self._commit()
-            for reply in replies:
-                self._send(reply.conn, reply.body)
-            self._send_tuning()
-            self._send_feed()
-
-    def _frame(self, frames: list[zmq.Frame], now: float) -> list[Any]:
-        self.frames += 1
-        if len(frames) != 2:
-            self._reject("framing", f"{len(frames) - 1} frames where one was expected")
-            return []
-        conn, data = frames[0].bytes, frames[1].bytes
-        try:
-            envelope = decode(data, allowed=AGENT_KINDS)
-        except WireError as exc:
-            self._reject("invalid", str(exc))
-            return []
-        if self.zap is not None:
-            # The key decides who a host is; the frame's sender must agree with it.
-            user = frames[1].get("User-Id")
-            if envelope.sender != user:
-                self._reject("identity", f"key of {user!r} used to speak for "
-                             f"{envelope.sender!r:.60}")
-                return []
-        replies = self.cluster.receive(conn, envelope, now)
-        if isinstance(envelope.body, Hello):
-            replies.extend(self._declarations_for(envelope.sender, conn))
-        return replies
-
-    def _reject(self, reason: str, detail: str) -> None:
-        self.rejected[reason] += 1
-        start, count = self._reject_window
-        now = time.monotonic()
-        if now - start > REJECT_LOG_WINDOW:
-            start, count = now, 0
-        if count < REJECT_LOG_BURST:
-            log.warning("rejected a frame (%s): %s", reason, detail)
-        self._reject_window = (start, count + 1)
-
-    def _send(self, conn: bytes, body: Message) -> None:
-        assert self.router is not None
-        # Failure is fine: a gone peer resyncs, a full one resends what is unacknowledged.
-        _sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
-
-    def _commit(self) -> None:
-        records, events = self.cluster.take_dirty()
-        if records or events or self._feed_dirty:
-            self.store.flush(records, events, self._feed_dirty, self._feed_log)
-            self._feed_dirty = {}
-            self._feed_log = []
-
-    # --- feed ----------------------------------------------------------------------------
-
-    def _publish(self, body: Message, topic: str) -> None:
-        """Number, log and queue one publication; it goes out after the next commit."""
-        seq = self.feed_seqs[topic] = self.feed_seqs.get(topic, 0) + 1
-        self._feed_dirty[topic] = seq
-        frame = encode(body, sender=SENDER, seq=seq)
-        condition = body.CATEGORY is Category.CONDITION
-        if condition:
-            self.latest[topic] = (seq, frame)
-        self._feed_log.append((topic, seq, condition, frame))
-        self._outgoing.append((topic, frame))
-        self.feed_stats["published"] += 1
-
-    def _send_feed(self) -> None:
-        outgoing, self._outgoing = self._outgoing, []
-        for topic, frame in outgoing:
-            for sub in self.hub.targets(topic):
-                self._to_subscriber(sub, topic, frame)
-
-    def _to_subscriber(self, sub: Subscriber, topic: str, frame: bytes) -> None:
-        if self._to_tenant(sub.peer, topic.encode(), frame):
-            sub.sent += 1
-        elif sub.peer in self.hub.subscribers:
-            sub.dropped += 1
-            self.feed_stats["dropped"] += 1
-
-    def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> bool:
-        """Send without ever blocking; False if the peer's queue is full or it is gone."""
-        assert self.tenants is not None
-        exc = _sent(self.tenants.send_multipart([peer, topic, frame], flags=zmq.NOBLOCK))
-        if exc is None:
-            return True
-        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
-            self.hub.drop([peer])  # disconnected: it renews when it comes back
-            self.feed_stats["gone"] += 1
-        return False
-
-    def _agree(self, now: float) -> None:
-        """Reports and acknowledgements from the job's own hosts in; arms and resolves
-        out, each stored before it is sent (so a restart resends or cancels it)."""
-        messages, self.cluster.tuning = self.cluster.tuning, []
-        for host_id, body in messages:
-            if host_id not in self._hosts_of(body.job):
-                self.feed_stats["foreign_tuning_messages"] += 1
-                continue
-            if isinstance(body, TuningReport):
-                if not self.agreement.report(host_id, body, now):
-                    log.warning("host %s: tuning report for job %r refused (wish %r at "
-                                "severity %d is no choice a declaration gives)", host_id,
-                                body.job, body.want, body.severity)
-            else:
-                self.agreement.ack(host_id, body, now)
-        hellos, self.cluster.hellos = self.cluster.hellos, []
-        for host_id in hellos:
-            self.agreement.reconnected(host_id)
-        outgoing = self.agreement.step(now)
-        dirty, gone = self.agreement.take_dirty()
-        if dirty or gone:
-            self.store.save_tuning({**{job: self.agreement.snapshot(job) for job in dirty},
-                                    **dict.fromkeys(gone)})
-        # Sent after this batch's replies: a host saying hello gets the declarations
-        # of its jobs before any arm or outcome for them.
-        self._tuning_out += outgoing
-        for job in sorted(self.redactor.placements):
-            choice, status = self.agreement.health(job, now)
-            if self.redactor.tuning(job, choice, status):
-                self.cluster.changed = True
-                if status is not TuningStatus.STEADY:
-                    log.warning("job %s: tuning %s: %s", job, status.value,
-                                self.agreement.status(job, now).get("diverged")
-                                or "ranks wait at a switching point")
-
-    def _send_tuning(self) -> None:
-        outgoing, self._tuning_out = self._tuning_out, []
-        for host_id, body in outgoing:
-            log.info("job %s: %s decision %d to host %s", body.job, body.KIND,  # type: ignore[attr-defined]
-                     body.decision, host_id)  # type: ignore[attr-defined]
-            conn = self.cluster.conn_of.get(host_id)
-            if conn is not None:
-                self._send(conn, body)
-
-    def _publish_changes(self) -> None:
-        """Feed the redactor what changed; stage whatever it lets out now."""
-        now = time.monotonic()
-        self._agree(now)
-        advisories, self.cluster.advisories = self.cluster.advisories, []
-        for host_id, advisory in advisories:
-            declared = self.declarations.get(advisory.job)
-            refused = self.redactor.advisory(
-                host_id, advisory, now, time.time(),
-                max_pause=declared[1].max_validation_pause if declared else None)
-            if refused is not None:
-                # Acknowledged to the host (it was delivered) but not passed on: a host
-                # speaking for a job it does not run, or beyond what the job allows.
-                self.cluster.counters[f"job_message_{refused}"] += 1
-                log.warning("host %s: %s for job %r not passed on (%s)", host_id,
-                            advisory.KIND, advisory.job, refused.replace("_", " "))
-        if self.cluster.changed:
-            self.cluster.changed = False
-            self.redactor.observe(self.cluster.views(), now)
-        for publication in self.redactor.due(now):
-            body = publication.body
-            if isinstance(body, PoolCapacity):
-                log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
-                         body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
-            self._publish(body, publication.topic)
-
-    def _flush_publications(self) -> None:
-        self._publish_changes()
-        self._commit()
-        self._send_tuning()
-        self._send_feed()
-
-    def _republish(self) -> None:
-        """Resend every condition as it was (same sequence number): a safety net only."""
-        for topic, (_, frame) in self.latest.items():
-            for sub in self.hub.targets(topic):
-                self._to_subscriber(sub, topic, frame)
+                conn, message = _decoded(frames, AGENT_KINDS)
+                # The key's name, which the core holds the frame's sender to.
+                host = frames[1].get("User-Id") if authenticated and len(frames) == 2 else None
+                out += self.core.receive(AgentPeer(conn, host), message, now)
+            out += self.core.tick(now, time.time())  # a Commit, then what it allows
+            self._execute(out)
 
     async def _feed_loop(self) -> None:
         assert self.tenants is not None
+        authenticated = self.zap is not None
         while True:
             frames = await self.tenants.recv_multipart(copy=False)
-            self._tenant_frame(frames)
+            peer, message = _decoded(frames, TENANT_KINDS, strict=True)
+            tenant = frames[1].get("User-Id") if authenticated and len(frames) == 2 else ""
+            self._execute(self.core.receive(TenantPeer(peer, tenant), message,
+                                            time.monotonic()))
             # A queued frame completes the await without yielding: let agents' frames,
             # acks and heartbeats have their turn between any two tenant requests.
             await asyncio.sleep(0)
 
-    def _tenant_frame(self, frames: list[zmq.Frame]) -> None:
-        self.feed_stats["requests"] += 1
-        if len(frames) != 2:
-            self.feed_stats["bad_request"] += 1
-            return
-        peer, data = frames[0].bytes, frames[1].bytes
-        tenant = frames[1].get("User-Id") if self.zap is not None else ""
-        try:
-            envelope = decode(data, allowed=TENANT_KINDS, strict=True)
-        except WireError as exc:
-            self.feed_stats["bad_request"] += 1
-            self._answer(peer, Reply(exc.seq, False, f"rejected: {exc}"[:1000]))
-            return
-        body = envelope.body
-        if not self.hub.admit(tenant, time.monotonic()):
-            # Over the tenant's request budget: dropped (a renewal comes again).
-            self.feed_stats["throttled_requests"] += 1
-            return
-        if isinstance(body, Subscribe):
-            self._subscribe(peer, tenant, body)
-        elif isinstance(body, JobDeclaration):
-            error = self._declare(tenant, body)
-            self._answer(peer, Reply(envelope.seq, error is None, error or ""))
-
-    def _answer(self, peer: bytes, body: Message) -> None:
-        self._to_tenant(peer, b"", encode(body, sender=SENDER))
-
-    def _subscribe(self, peer: bytes, tenant: str, request: Subscribe) -> None:
-        new = peer not in self.hub.subscribers
-        result = self.hub.subscribe(peer, tenant, request, time.monotonic(), self.feed_seqs,
-                                    epoch=self.store.feed_epoch)
-        for refusal in result.reply.refused:
-            self.feed_stats["refused_subscriptions"] += 1
-            log.warning("refused tenant %r a subscription to %r: %s", tenant or "(no key)",
-                        refusal.topic, refusal.reason)
-        if new:
-            self.feed_stats["subscriptions"] += 1
-        self._answer(peer, result.reply)
-        sub = self.hub.subscribers.get(peer)
-        if sub is None:
-            return
-        for topic in result.conditions:  # a late joiner gets the present at once
-            latest = self.latest.get(topic)
-            if latest is not None:
-                self._to_subscriber(sub, topic, latest[1])
-        # A resumed one gets what it missed, a queue's worth at a time: it asks
-        # again for the rest, so a replay never overflows its own queue.
-        chunk = min(self.cfg.feed.retention, max(1, self.cfg.feed.send_hwm // 2))
-        now = time.monotonic()
-        for topic, after in result.replay:
-            newest = self.feed_seqs.get(topic, 0)
-            retained_from = newest - self.cfg.feed.retention + 1
-            wanted = min(chunk, newest - max(after, retained_from - 1))
-            allowed = self.hub.replay_allowance(tenant, wanted, now) if wanted > 0 else 0
-            if allowed < wanted:
-                self.feed_stats["replays_throttled"] += 1  # the client asks again
-            if allowed <= 0:
-                continue
-            self.feed_stats["replays"] += 1
-            for _, frame in self.store.replay(topic, after, allowed, retained_from):
-                self._to_subscriber(sub, topic, frame)
-            self.feed_stats["replayed_messages"] += allowed
-
-    async def _tick_loop(self) -> None:
-        next_republish = time.monotonic() + self.cfg.feed.republish
-        next_prune = time.monotonic() + FEED_PRUNE_INTERVAL
+    async def _timer_loop(self) -> None:
+        """Sleep until the core's next deadline, or until input may have moved it."""
         while True:
-            await asyncio.sleep(self.cfg.liveness.check_interval)
-            now = time.monotonic()
-            for host_id in self.cluster.tick(now):
-                log.warning("host %s is down: %s", host_id, self.cluster.hosts[host_id].down_reason)
-            self._publish_changes()  # also what the redactor held back until now
-            self._commit()
-            self._send_tuning()
-            self._send_feed()
-            for sub in self.hub.expire(now):
-                self.feed_stats["lapsed"] += 1
-                log.info("tenant %r's subscription lapsed (not renewed)", sub.tenant)
-            if now >= next_republish:
-                self._republish()
-                next_republish = now + self.cfg.feed.republish
-            if now >= next_prune:
+            self._wake.clear()
+            deadline = self.core.next_deadline()
+            delay = None if deadline is None else deadline - time.monotonic()
+            if delay is None or delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue  # look again: due now, or a new deadline
+            self._execute(self.core.tick(time.monotonic(), time.time()))
+
+    # --- executing the core's outputs ----------------------------------------------------
+
+    def _execute(self, outputs: list[Output]) -> None:
+        """In order: a Commit is stored before anything after it goes out."""
+        for out in outputs:
+            if isinstance(out, SendToAgent):
+                self._send(out.conn, out.message)
+            elif isinstance(out, SendToTenant):
+                self.core.delivered(out, self._to_tenant(out.peer, out.topic.encode(),
+                                                         out.frame))
+            elif isinstance(out, Commit):
+                self.store.commit(out.writes)
+            elif isinstance(out, AnswerTenant):
+                self.core.delivered(out, self._to_tenant(
+                    out.peer, b"", encode(out.message, sender=SENDER)))
+            elif isinstance(out, Replay):
+                for _, frame in self.store.replay(out.topic, out.after, out.limit,
+                                                  out.retained_from):
+                    self.core.delivered(SendToTenant(out.peer, out.topic, frame),
+                                        self._to_tenant(out.peer, out.topic.encode(), frame))
+            elif isinstance(out, Prune):
                 self.store.prune_events()
-                self.store.prune_feed(self.cfg.feed.retention)
-                next_prune = now + FEED_PRUNE_INTERVAL
+                self.store.prune_feed(out.retention)
+        self._wake.set()
 
-    # --- declarations ----------------------------------------------------------------------
+    def _send(self, conn: bytes, body: Any) -> None:
+        assert self.router is not None
+        # Failure is fine: a gone peer resyncs, a full one resends what is unacknowledged.
+        _sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
 
-    def _declare(self, tenant: str, declaration: JobDeclaration) -> str | None:
-        """Store and forward a tenant's declaration; the error for the tenant, if any."""
-        placement = self.redactor.placements.get(declaration.job)
-        if not tenant:
-            error = "not authenticated: declarations need a tenant key"
-        elif placement is None or placement.tenant != tenant:
-            # The same answer for "not yours" and "no such job": no probing for job ids.
-            error = f"no job {declaration.job!r} of yours is placed"
-        elif declaration.group:
-            error = "declaration.group: set by the provider's placement, not by a tenant"
-        elif (current := self.declarations.get(declaration.job)) is not None and \
-                declaration.revision < current[1].revision:
-            # Agents ignore an older revision too: acknowledging it would say it applies.
-            error = (f"revision {declaration.revision} is older than revision "
-                     f"{current[1].revision} in force: ignored (declare a higher one)")
-        else:
-            error = None
-        if error is not None:
-            self.feed_stats["refused_declarations"] += 1
-            log.warning("refused a declaration from %r: %s", tenant or "(no key)", error)
-            return error
-        if declaration.withdrawn:
-            self._withdraw(declaration.job)
-            return None
-        self.declarations[declaration.job] = (tenant, declaration)
-        self.store.save_declaration(tenant, declaration)
-        self.feed_stats["declarations"] += 1
-        self._forward(declaration)
-        return None
+    def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
+        """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
+        assert self.tenants is not None
+        exc = _sent(self.tenants.send_multipart([peer, topic, frame], flags=zmq.NOBLOCK))
+        if exc is None:
+            return Delivery.SENT
+        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+            return Delivery.GONE
+        return Delivery.FULL
 
-    def _hosts_of(self, job: str) -> set[str]:
-        placement = self.redactor.placements.get(job)
-        return {m.host_id for m in placement.members} if placement else set()
-
-    def _for_host(self, declaration: JobDeclaration) -> JobDeclaration:
-        """What a host gets: the tenant's declaration plus the job's Unix group there."""
-        placement = self.redactor.placements.get(declaration.job)
-        group = placement.group if placement is not None else ""
-        return dataclasses.replace(declaration, group=group)
-
-    def _forward(self, declaration: JobDeclaration) -> None:
-        body = self._for_host(declaration)
-        for host_id in sorted(self._hosts_of(declaration.job)):
-            conn = self.cluster.conn_of.get(host_id)
-            if conn is not None:
-                self._send(conn, body)
-
-    def _withdraw(self, job: str) -> None:
-        # Hosts step back to NCCL's own choices at agreed points, then forget the job.
-        self.agreement.withdraw(job)
-        if self.declarations.pop(job, None) is None:
-            return
-        self.store.delete_declaration(job)
-        self._forward(JobDeclaration(job, withdrawn=True))
-
-    def _declarations_for(self, host_id: str, conn: bytes) -> list[Any]:
-        """A (re)connecting agent learns the declarations of the jobs it hosts (the
-        agreement resends it any arm or resolve it has not acknowledged)."""
-        replies: list[Any] = []
-        for _, declaration in self.declarations.values():
-            if host_id in self._hosts_of(declaration.job):
-                replies.append(ClusterReply(conn, self._for_host(declaration)))
-        return replies
+    # --- configuration -------------------------------------------------------------------
 
     def reload(self) -> str | None:
         """SIGHUP or ``reload``: re-read the configuration; a bad file keeps the running one.
@@ -646,37 +352,13 @@ class ControllerServer:
             log.error("reload refused, keeping the running configuration: %s", exc)
             self.notifier.notify("READY=1", f"STATUS=reload failed: {exc}")
             return str(exc)
-        old = self.cfg
-        later = [name for name, before, after in (
-            ("controller.listen", old.controller.listen, new.controller.listen),
-            ("controller.feed", old.controller.feed, new.controller.feed),
-            ("controller.admin_socket", old.controller.admin_socket,
-             new.controller.admin_socket),
-            ("controller.admin_group", old.controller.admin_group, new.controller.admin_group),
-            ("controller.database", old.controller.database, new.controller.database),
-            ("feed.send_hwm", old.feed.send_hwm, new.feed.send_hwm),
-            ("feed.socket_buffer", old.feed.socket_buffer, new.feed.socket_buffer),
-            ("auth", old.auth, new.auth),
-            ("metrics", old.metrics, new.metrics),
-        ) if before != after]
+        self.cfg, later = controller_config.reloaded(self.cfg, new)
         if later:
             log.warning("changes to %s take effect at the next restart", ", ".join(later))
-        # Keep what needs a restart as it runs, so status shows what is in force.
-        self.cfg = dataclasses.replace(
-            new, controller=dataclasses.replace(
-                old.controller, log_level=new.controller.log_level),
-            feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
-                                     socket_buffer=old.feed.socket_buffer),
-            auth=old.auth, metrics=old.metrics)
-        self.cluster.missed_heartbeats = new.liveness.missed_heartbeats
-        self.hub.renew = new.feed.renew
-        self.hub.configure(_budgets(new))
-        if new.redaction != old.redaction:
-            self.redactor.cfg = new.redaction
-            self.cluster.changed = True  # recompute what tenants see under the new rules
-        self.agreement.settings = new.tuning
+        self.core.reconfigure(self.cfg)
+        self._wake.set()  # the deadlines may have moved
         logging.getLogger().setLevel(new.controller.log_level.value.upper())
-        self.notifier.notify("READY=1", f"STATUS={len(self.cluster.hosts)} known hosts")
+        self.notifier.notify("READY=1", f"STATUS={len(self.core.cluster.hosts)} known hosts")
         log.info("configuration reloaded from %s", self.cfg_path or "built-in defaults")
         return None
 
@@ -686,27 +368,31 @@ class ControllerServer:
             raise CommandError(f"reload refused, running configuration kept: {error}")
         return {"config": str(self.cfg_path) if self.cfg_path else None}
 
-    # --- admin commands ------------------------------------------------------------------
+    # --- admin commands: the views are controller/views.py's -------------------------------
 
     def _commands(self) -> dict[str, Command]:
+        core = self.core
         return {
             "status": Command(self._cmd_status, "controller counters and endpoints"),
-            "hosts": Command(self._cmd_hosts, "every known host and its last state"),
-            "capacity": Command(self._cmd_capacity, "what tenants currently see"),
-            "jobs": Command(self._cmd_jobs, "jobs' placements (from the scheduler)"),
+            "hosts": Command(lambda _: views.hosts(core, time.monotonic()),
+                             "every known host and its last state"),
+            "capacity": Command(lambda _: views.capacity(core), "what tenants currently see"),
+            "jobs": Command(lambda _: views.jobs(core, time.monotonic()),
+                            "jobs' placements (from the scheduler)"),
             "place": Command(self._cmd_place, "record a job's placement: job, tenant, members",
                              changes=True),
             "unplace": Command(self._cmd_unplace, "forget a job's placement", changes=True),
             "events": Command(self._cmd_events, "recent host events"),
-            "feed": Command(self._cmd_feed, "tenant subscribers: topics, sent, dropped"),
-            "tenants": Command(self._cmd_tenants, "tenants: key, jobs, declarations, "
-                               "subscribers"),
-            "pools": Command(self._cmd_pools, "pools: hosts and GPUs (the provider's view)"),
+            "feed": Command(lambda _: views.feed(core, time.monotonic()),
+                            "tenant subscribers: topics, sent, dropped"),
+            "tenants": Command(lambda _: views.tenants(core, self._tenant_keys()),
+                               "tenants: key, jobs, declarations, subscribers"),
+            "pools": Command(lambda _: views.pools(core),
+                             "pools: hosts and GPUs (the provider's view)"),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
-        alive = sum(1 for h in self.cluster.hosts.values() if h.alive)
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -714,12 +400,7 @@ class ControllerServer:
             "listen": self.cfg.controller.listen,
             "feed": self.cfg.controller.feed,
             "database": self.cfg.controller.database,
-            "hosts": {"known": len(self.cluster.hosts), "alive": alive},
-            "frames": self.frames,
-            "rejected": dict(self.rejected),
-            "protocol": dict(self.cluster.counters),
-            "feed_stats": {**self.feed_stats, "topics": len(self.feed_seqs),
-                           "subscribers": len(self.hub.subscribers)},
+            **views.counters(self.core),
             "auth": self._auth_status(),
             "handshakes_failed": {name: sum(port.failed.values())
                                   for name, port in self.ports.items()},
@@ -740,111 +421,22 @@ class ControllerServer:
             "refused": dict(self.zap.refused),
         }
 
-    def _cmd_feed(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        return [{
-            "tenant": sub.tenant, "peer": sub.peer.hex(), "topics": list(sub.prefixes),
-            "connected_seconds": round(now - sub.since, 1), "sent": sub.sent,
-            "dropped": sub.dropped, "refused": sub.refused,
-        } for sub in sorted(self.hub.subscribers.values(), key=lambda s: (s.tenant, s.peer))]
-
-    def _cmd_tenants(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        names = set(self.zap.lists[TENANTS].names()) if self.zap is not None else set()
-        jobs: dict[str, list[str]] = {}
-        for placement in self.redactor.placements.values():
-            jobs.setdefault(placement.tenant, []).append(placement.job)
-            names.add(placement.tenant)
-        rows = []
-        for name in sorted(names):
-            subs = [s for s in self.hub.subscribers.values() if s.tenant == name]
-            rows.append({
-                "tenant": name,
-                "key": self.zap is None or name in self.zap.lists[TENANTS].names(),
-                "jobs": sorted(jobs.get(name, [])),
-                "declared": sorted(j for j, (t, _) in self.declarations.items() if t == name),
-                "subscribers": len(subs),
-                "dropped": sum(s.dropped for s in subs),
-            })
-        return rows
-
-    def _cmd_pools(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        pools: dict[tuple[str, str], dict[str, Any]] = {}
-        for host in self.cluster.hosts.values():
-            row = pools.setdefault((host.pool, host.gpu_class), {
-                "pool": host.pool, "gpu_class": host.gpu_class, "hosts": 0, "alive": 0,
-                "schedulable": 0, "gpus": 0, "gpus_healthy": 0, "gpus_in_use": 0})
-            row["hosts"] += 1
-            summary = host.summary
-            if host.alive:
-                row["alive"] += 1
-                if summary is not None and summary.schedulable:
-                    row["schedulable"] += 1
-            row["gpus"] += host.gpus
-            if host.alive and summary is not None:
-                row["gpus_healthy"] += summary.gpus.healthy
-                row["gpus_in_use"] += summary.gpus.in_use
-        return [pools[k] for k in sorted(pools)]
-
-    def _cmd_hosts(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        rows = []
-        for host in sorted(self.cluster.hosts.values(), key=lambda h: h.host_id):
-            summary = host.summary
-            rows.append({
-                "host_id": host.host_id,
-                "pool": host.pool,
-                "gpu_class": host.gpu_class,
-                "gpus": host.gpus,
-                "alive": host.alive,
-                "down_reason": host.down_reason,
-                "health": summary.health.value if summary else None,
-                "schedulable": summary.schedulable if summary else None,
-                "last_seen_seconds": round(now - host.last_seen, 3),
-                "last_seq": host.last_seq,
-                "version": host.version,
-            })
-        return rows
-
-    def _cmd_capacity(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"topic": p.topic, "tenant": p.tenant, "kind": p.body.KIND, **to_plain(p.body)}
-                for p in self.redactor.current()]
-
-    def _cmd_jobs(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{**to_plain(p), "declared": job in self.declarations,
-                 "tuning": self.agreement.status(job, time.monotonic())}
-                for job, p in sorted(self.redactor.placements.items())]
+    def _tenant_keys(self) -> set[str] | None:
+        return set(self.zap.lists[TENANTS].names()) if self.zap is not None else None
 
     def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
-            placement = from_plain(PlacementRequest, args, "place")
+            placement = views.placement(args)
         except SchemaError as exc:
             raise CommandError(str(exc)) from None
-        record = Placement(placement.job, placement.tenant,
-                           tuple(Member(m.name, m.host) for m in placement.members),
-                           placement.group)
-        previous = self.redactor.placements.get(record.job)
-        if previous is not None and previous.tenant != record.tenant:
-            # A job id now belongs to someone else: the old owner's declaration is void.
-            self._withdraw(record.job)
-        self.store.save_placement(record)
-        self.redactor.place(record)
-        self.agreement.set_hosts(record.job, {m.host_id for m in record.members})
-        self.cluster.changed = True
-        self._flush_publications()
-        declared = self.declarations.get(record.job)
-        if declared is not None:
-            self._forward(declared[1])  # hosts the job has moved to learn it now
-        return {"job": record.job, "members": len(record.members)}
+        self._execute(self.core.place(placement, time.monotonic(), time.time()))
+        return {"job": placement.job, "members": len(placement.members)}
 
     def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
         job = args.get("job")
-        if not isinstance(job, str) or job not in self.redactor.placements:
+        if not isinstance(job, str) or job not in self.core.redactor.placements:
             raise CommandError("job must name a placed job")
-        self._withdraw(job)
-        self.store.delete_placement(job)
-        self.redactor.remove_job(job)
-        self.agreement.forget(job)
-        self._agree(time.monotonic())  # its stored tuning state goes too
+        self._execute(self.core.unplace(job, time.monotonic()))
         return {"job": job}
 
     def _cmd_events(self, args: dict[str, Any]) -> list[dict[str, Any]]:

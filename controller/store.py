@@ -1,8 +1,10 @@
 """The controller's durable state: SQLite in WAL mode.
 
-Writes are batched: the shell applies a batch of agent messages in memory,
-then :meth:`Store.flush` commits the changed hosts and new events in one
-transaction, and only then are the acknowledgements sent.
+Writes are batched: the core applies a batch of agent messages in memory and
+hands back what changed (:class:`~controller.outputs.Writes`: hosts, events,
+publications, declarations, placements, tuning state); :meth:`Store.commit`
+stores it in one transaction, and only then does the shell send the
+acknowledgements and publications that depend on it.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import logging
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import msgpack
 
-from controller.cluster import HostRecord, StoredEvent
-from controller.redaction import Member, Placement
+from controller.cluster import HostRecord
+from controller.outputs import Restored, Writes
+from controller.types import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
@@ -206,17 +208,6 @@ class Store:
                 Member(name, host) for name, host in listed), group))
         return placements
 
-    def save_placement(self, placement: Placement) -> None:
-        members = json.dumps({"members": [[m.name, m.host_id] for m in placement.members],
-                              "group": placement.group})
-        with self.db:
-            self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
-                            " VALUES (?, ?, ?)", (placement.job, placement.tenant, members))
-
-    def delete_placement(self, job: str) -> None:
-        with self.db:
-            self.db.execute("DELETE FROM placements WHERE job = ?", (job,))
-
     def load_feed_seqs(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT topic, seq FROM feed_topics").fetchall())
 
@@ -229,16 +220,6 @@ class Store:
                 continue  # written by another version: the tenant declares again
         return out
 
-    def save_declaration(self, tenant: str, declaration: JobDeclaration) -> None:
-        with self.db:
-            self.db.execute("INSERT OR REPLACE INTO declarations (job, tenant, body)"
-                            " VALUES (?, ?, ?)",
-                            (declaration.job, tenant, msgpack.packb(to_plain(declaration))))
-
-    def delete_declaration(self, job: str) -> None:
-        with self.db:
-            self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
-
     def load_tuning(self) -> dict[str, dict[str, object]]:
         """Each multi-host job's agreement state (decision numbers, the change in flight)."""
         out = {}
@@ -250,16 +231,6 @@ class Store:
             if isinstance(value, dict):
                 out[job] = value
         return out
-
-    def save_tuning(self, states: dict[str, dict[str, object] | None]) -> None:
-        """Stored (committed) before any message that depends on it is sent."""
-        with self.db:
-            for job, state in states.items():
-                if state is None:
-                    self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
-                else:
-                    self.db.execute("INSERT OR REPLACE INTO tuning (job, state) VALUES (?, ?)",
-                                    (job, json.dumps(state, sort_keys=True)))
 
     def latest_conditions(self) -> dict[str, tuple[int, bytes]]:
         """Each topic's newest condition frame, to serve late joiners after a restart."""
@@ -283,14 +254,18 @@ class Store:
                 "(SELECT t.seq FROM feed_topics t WHERE t.topic = feed_log.topic) - ?", (keep,))
         return cur.rowcount
 
-    def flush(
-        self,
-        hosts: Iterable[HostRecord],
-        events: Iterable[StoredEvent],
-        feed_seqs: dict[str, int] | None = None,
-        feed_log: Iterable[tuple[str, int, bool, bytes]] = (),
-    ) -> None:
-        with self.db:  # one transaction
+    def restored(self) -> Restored:
+        """Everything a new core begins from."""
+        return Restored(tuple(self.load_hosts()), self.load_tuning(),
+                        tuple(self.load_placements()), self.load_feed_seqs(),
+                        self.latest_conditions(), tuple(self.load_declarations()),
+                        self.feed_epoch)
+
+    def commit(self, writes: Writes) -> None:
+        """Store one batch in one transaction (before anything that depends on it is sent)."""
+        if not writes:
+            return
+        with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(
                 "INSERT OR REPLACE INTO hosts (host_id, pool, gpu_class, gpus, version, epoch,"
@@ -302,7 +277,7 @@ class Store:
                         h.heartbeat, int(h.alive), h.down_reason,
                         None if h.summary is None else msgpack.packb(to_plain(h.summary)),
                     )
-                    for h in hosts
+                    for h in writes.hosts
                 ],
             )
             self.db.executemany(
@@ -311,18 +286,41 @@ class Store:
                 [
                     (e.host_id, e.epoch, e.seq, e.time, e.body.reason, e.body.severity.value,
                      e.body.message)
-                    for e in events
+                    for e in writes.events
                 ],
             )
             self.db.executemany(
                 "INSERT OR REPLACE INTO feed_topics (topic, seq) VALUES (?, ?)",
-                list((feed_seqs or {}).items()),
+                list(writes.feed_seqs.items()),
             )
             self.db.executemany(
                 "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame)"
                 " VALUES (?, ?, ?, ?)",
-                [(t, seq, int(cond), frame) for t, seq, cond, frame in feed_log],
+                [(t, seq, int(cond), frame) for t, seq, cond, frame in writes.feed_log],
             )
+            for job, declared in writes.declarations.items():
+                if declared is None:
+                    self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
+                else:
+                    tenant, declaration = declared
+                    self.db.execute("INSERT OR REPLACE INTO declarations (job, tenant, body)"
+                                    " VALUES (?, ?, ?)",
+                                    (job, tenant, msgpack.packb(to_plain(declaration))))
+            for job, placement in writes.placements.items():
+                if placement is None:
+                    self.db.execute("DELETE FROM placements WHERE job = ?", (job,))
+                else:
+                    members = json.dumps({"members": [[m.name, m.host_id]
+                                                      for m in placement.members],
+                                          "group": placement.group})
+                    self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
+                                    " VALUES (?, ?, ?)", (job, placement.tenant, members))
+            for job, state in writes.tuning.items():
+                if state is None:
+                    self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
+                else:
+                    self.db.execute("INSERT OR REPLACE INTO tuning (job, state) VALUES (?, ?)",
+                                    (job, json.dumps(state, sort_keys=True)))
 
     def prune_events(self, keep: int = EVENT_RETENTION) -> int:
         with self.db:

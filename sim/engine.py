@@ -32,7 +32,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from controller.redaction import Publication
+from controller.types import Publication
 from harmonaize.messages import JobAdvisory, JobHealth, PoolCapacity
 from sim.cluster import Cluster, CongestionSpec, FaultSpec, allocation
 from sim.feed import DEGRADED, DOWN, UP, FeedBridge, member_name

@@ -10,14 +10,13 @@ Two things keep this fast without changing what comes out:
 * One redactor per pool. Pool aggregates, trends and release times are per topic, and a
   job lives in one pool, so this is the controller's redactor with its work split; each
   gets its own seeded RNG for the release jitter.
-* ``Redactor.observe`` recomputes every placement's job health. Only jobs on a host whose
-  health, liveness or links changed can have new health, so for the duration of the call
-  the redactor's ``placements`` holds just those (plus new placements whose first health
+* ``Redactor.observe`` recomputes every placement's job health unless told which jobs to
+  look at. Only jobs on a host whose health, liveness or links changed can have new
+  health, so the bridge passes just those (plus new placements whose first health
   message would tell the tenant something: a host congested or unhealthy, or a tenant
-  that had switched its collective algorithm and would switch back on "all clear"); the
-  full set is restored right after. A job's health from a host whose only change was how
-  many GPUs are in use would be identical, and the redactor publishes nothing for an
-  unchanged condition anyway.
+  that had switched its collective algorithm and would switch back on "all clear"). A
+  job's health from a host whose only change was how many GPUs are in use would be
+  identical, and the redactor publishes nothing for an unchanged condition anyway.
 """
 
 from __future__ import annotations
@@ -25,15 +24,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-from controller.redaction import (
-    HostState,
-    Member,
-    Mode,
-    Placement,
-    Publication,
-    RedactionConfig,
-    Redactor,
-)
+from controller.redaction import Mode, RedactionConfig, Redactor
+from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
     Advice,
     GpuCounts,
@@ -116,13 +108,8 @@ class FeedBridge:
         self._dirty[pool].clear()
         p = self.cluster.pools[pool]
         hosts = [h for n in p.node_range if (h := self._hosts[n]) is not None]
-        everything = red.placements
         wanted = self._health_jobs[pool]
-        red.placements = {j: everything[j] for j in sorted(wanted) if j in everything}
-        try:
-            red.observe(hosts, now)
-        finally:
-            red.placements = everything
+        red.observe(hosts, now, jobs=sorted(wanted))
         wanted.clear()
         self.observations += 1
         return red.due(now)

@@ -141,6 +141,44 @@ def test_deadlines_follow_the_phase() -> None:
     assert a.next_deadline(3.0) == pytest.approx(3.5)  # confirming: resends only
 
 
+def test_deadlines_cover_every_rule_that_reads_the_clock() -> None:
+    # In flight: a silent host reads as paused from the lead on.
+    a = agreement(arm_timeout=1.0, resend=0.8, lead=0.3)
+    congested_two_hosts(a, now=1.0)
+    assert a.next_deadline(1.0) == pytest.approx(1.3)
+    assert a.health(JOB, 1.29)[1] is TuningStatus.STEADY
+    assert a.health(JOB, 1.3)[1] is TuningStatus.PAUSED
+    # Cancelled: the back-off ends.
+    a = agreement()
+    congested_two_hosts(a, now=1.0)
+    ack(a, "h2", 1, AckPhase.REFUSED, comm(1210), now=1.1, reason="no")
+    a.step(1.1)
+    ack(a, "h1", 1, AckPhase.RESOLVED, now=1.2)
+    ack(a, "h2", 1, AckPhase.RESOLVED, now=1.2)
+    a.step(1.2)
+    assert a.next_deadline(1.2) == pytest.approx(2.2)
+    assert a.step(2.19) == []
+    assert a.step(2.2) != []  # armed again
+    # Committed, then a lower wish: it must last the hold.
+    a = agreement(report_ttl=100.0)
+    committed_once(a)
+    assert a.next_deadline(1.2) == pytest.approx(61.0)  # the change leaves the minute
+    for host, n in (("h1", 2000), ("h2", 2200)):
+        a.report(host, report(0, comm(n, choice="severe")), 2.0)
+    assert a.step(2.0) == []
+    assert a.next_deadline(2.0) == pytest.approx(12.0)
+    assert a.step(11.99) == []
+    assert [m.choice for _, m in a.step(12.0)] == ["default", "default"]  # type: ignore[attr-defined]
+    # Idle: a report goes stale just after its time to live.
+    a = agreement(report_ttl=5.0)
+    a.report("h1", report(0, comm(100)), 1.0)
+    a.step(1.0)
+    stale = a.next_deadline(1.0)
+    assert stale is not None and 6.0 < stale < 6.0 + 1e-9
+    a.report("h1", report(1, comm(100)), 2.0)  # the newest report is the host's
+    assert a.next_deadline(2.0) == pytest.approx(7.0)
+
+
 def test_a_silent_host_reads_as_paused_only_past_the_lead() -> None:
     a = agreement(lead=1.0)
     congested_two_hosts(a, now=1.0)

@@ -81,6 +81,29 @@ def test_liveness_goodbye_and_silence() -> None:
     assert cluster.hosts["h2"].alive
 
 
+def test_the_first_time_a_host_can_fall_silent_is_known() -> None:
+    cluster = Cluster(missed_heartbeats=3)
+    assert cluster.silent_from == float("inf")  # nobody up: nobody to count down
+    cluster.receive(b"a", env(hello(), sender="h1"), 1.0)
+    assert cluster.silent_from == 4.0
+    slow = m.Hello(pool="p", gpu_class="H200", gpus=8, version="1", epoch=1, acked=0,
+                   heartbeat=5.0)
+    cluster.receive(b"b", env(slow, sender="h2"), 2.0)
+    assert cluster.silent_from == 4.0  # h1 still comes first
+    cluster.receive(b"a", env(m.Heartbeat(1.0, 0), sender="h1"), 3.0)
+    assert cluster.tick(3.0) == [] and cluster.silent_from == 6.0  # exact after a look
+    assert cluster.tick(6.0) == [] and cluster.silent_from == 6.0  # not yet past it
+    assert cluster.tick(6.5) == ["h1"] and cluster.silent_from == 17.0
+    cluster.receive(b"a", env(m.Heartbeat(1.0, 0), sender="h1"), 7.0)  # back up
+    assert cluster.silent_from == 10.0
+    cluster.receive(b"b", env(m.Goodbye("bye"), sender="h2"), 8.0)
+    assert cluster.tick(8.0) == [] and cluster.silent_from == 10.0
+    restored = Cluster(missed_heartbeats=2)
+    restored.restore([HostRecord("h1", alive=True, heartbeat=1.5),
+                      HostRecord("h2", alive=False, heartbeat=0.1)], now=50.0)
+    assert restored.silent_from == 53.0
+
+
 def test_restored_hosts_get_a_grace_period() -> None:
     cluster = Cluster(missed_heartbeats=3)
     cluster.restore([HostRecord("h1", alive=True, heartbeat=1.0)], now=100.0)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
+import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -83,6 +86,19 @@ class Sender:
             assert time.monotonic() < deadline, "the controller never came back"
         self.acked = reply.seq
         self.seq = reply.seq
+
+
+@contextlib.contextmanager
+def locked(database: Path) -> Iterator[None]:
+    """Hold the database's write lock (the controller's commits wait for it, up to the
+    five seconds SQLite waits by default)."""
+    db = sqlite3.connect(database, isolation_level=None, timeout=0)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
 
 
 def drain(feed: FeedClient, until: int, kind: type, timeout: float = 20.0) -> list[m.Message]:
@@ -222,11 +238,18 @@ def test_a_killed_controller_loses_nothing_acknowledged_and_delivers_nothing_twi
         assert feed.recv(timeout=10) is not None  # job health: subscribed
         for i in range(20):
             sender.send(advice("job-a", i))
-        sender.send(advice("job-a", 20), wait=False)  # maybe stored, surely not acked
-        controller.proc.send_signal(signal.SIGKILL)
+        # The shell stores a batch before it acknowledges it: while the database is
+        # locked (its commit waits), no acknowledgement may come.
+        with locked(workdir / "controller.db"):
+            sender.send(advice("job-a", 20), wait=False)
+            assert not sender.agent.sock.poll(1000), "acknowledged before it was stored"
+        sender.acked = sender.wait_ack(21)
+        controller.proc.send_signal(signal.SIGKILL)  # at once: what was acked is stored
         controller.proc.wait(timeout=10)
+        sender.send(advice("job-a", 21), wait=False)  # into the void: surely not stored
         controller = start_controller(spawn, workdir, extra=FAST_RENEW, ports=ports)
         sender.reconnect()
+        assert sender.seq == 21  # the restarted controller knows the last one acked
         for i in range(sender.seq, 40):
             sender.send(advice("job-a", i))
         got = drain(feed, 40, m.JobAdvisory, timeout=30)

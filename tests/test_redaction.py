@@ -10,16 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.redaction import (
-    HostState,
-    Member,
-    Mode,
-    Placement,
-    Publication,
-    RedactionConfig,
-    Redactor,
-    bucket,
-)
+from controller.redaction import Mode, RedactionConfig, Redactor, bucket
+from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
     Advice,
     Bucket,

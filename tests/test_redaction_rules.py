@@ -8,16 +8,8 @@ import random
 
 import pytest
 
-from controller.redaction import (
-    HostState,
-    Member,
-    Mode,
-    Placement,
-    Publication,
-    RedactionConfig,
-    Redactor,
-    bucket,
-)
+from controller.redaction import Mode, RedactionConfig, Redactor, bucket
+from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
     Advice,
     Bucket,
@@ -140,6 +132,18 @@ def test_job_health_names_each_member_by_its_hosts_state() -> None:
     red.observe(hosts, 10.0)
     (again,) = red.due(10.0)
     assert (again.body.tuning_choice, again.body.tuning) == ("default", TuningStatus.STEADY)
+
+
+def test_observing_some_jobs_recomputes_only_theirs_in_the_order_given() -> None:
+    red = Redactor(RedactionConfig(min_hosts=100), random.Random(1))
+    for job in ("job-a", "job-b", "job-c"):
+        red.place(Placement(job, "acme", (Member("0", "h1"),)))
+    red.observe([host("h1", alive=False)], 1.0, jobs=["job-c", "job-gone", "job-a"])
+    assert [(p.topic, p.body.lost) for p in red.due(1.0)] == [
+        ("job/acme/job-c/", ("0",)), ("job/acme/job-a/", ("0",))]
+    assert set(red.placements) == {"job-a", "job-b", "job-c"}  # all still placed
+    red.observe([host("h1", alive=False)], 2.0)  # all of them: only job-b is news
+    assert [p.topic for p in red.due(2.0)] == ["job/acme/job-b/"]
 
 
 def test_bucket_edges_are_checked_and_the_top_bucket_is_open() -> None:

@@ -21,7 +21,9 @@ ENGINES = (
     "agent.host.health", "agent.host.rules", "agent.gpu.health", "agent.links.health",
     "agent.tuning.loop", "agent.tuning.policies", "agent.tuning.layout",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
-    "controller.cluster", "controller.redaction", "controller.agreement",
+    "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
+    "controller.declarations", "controller.publications", "controller.outputs",
+    "controller.views", "controller.types",
 )
 #: Modules that do I/O (or serve it), directly or by what they exist for.
 IO_MODULES = frozenset({

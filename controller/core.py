@@ -1,0 +1,422 @@
+"""The controller's sans-I/O core: everything it decides, with time as a parameter.
+
+It holds the hosts' state (:class:`Cluster`), what tenants may see
+(:class:`Redactor`, shared with the simulator), multi-host tuning
+(:class:`Agreement`), tenants' declarations, jobs' placements, the feed's
+numbering and tenants' access (:mod:`controller.feed`). It imports no socket,
+database or event loop, and never reads a clock: the shell passes ``now`` (its
+monotonic clock) and, where a tenant is told a time of day, ``wall``.
+
+The shell (controller/server.py) decodes each frame and hands it in with where
+it came from (:meth:`ControllerCore.receive`); it calls
+:meth:`ControllerCore.tick` after each batch of frames and when
+:meth:`ControllerCore.next_deadline` comes, and executes the outputs
+(controller/outputs.py) in order.
+
+Batching and persistence: agents' messages are applied one by one and their
+acknowledgements held. ``tick`` then lets the agreement and the redactor work
+on what changed and numbers what tenants may now see; it returns one
+:class:`Commit` (the batch's hosts, events, publications with their numbers,
+declarations, placements, tuning state) and after it the held
+acknowledgements, declarations and tuning messages for agents, and each
+subscriber's publications. The shell stores the Commit in one transaction
+before it sends anything after it, so nothing an agent was told is stored can
+be lost for a tenant: one that missed it resumes from its last sequence number
+(answered with a :class:`Replay` of the stored feed log).
+
+What a tenant gets is rebuilt here from the controller's own state, never
+copied from an agent: the redactor rebuilds advisories and aggregates, the
+agreement's choice is one of its own names, a declaration reaches a host with
+the placement's group. Bad input is counted and logged in one line (at most a
+burst per window), and the core keeps going.
+
+(Just over 400 lines: agents' and tenants' messages share the held sends and the
+Commit that releases them, so they stay one class; declarations, the feed and
+the operator views are modules of their own.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from controller.agreement import Agreement
+from controller.cluster import Cluster
+from controller.declarations import Declarations, for_host
+from controller.outputs import (
+    AgentPeer,
+    AnswerTenant,
+    BadFrame,
+    Commit,
+    Delivery,
+    Output,
+    Peer,
+    Prune,
+    Restored,
+    SendToAgent,
+    SendToTenant,
+    TenantPeer,
+    Writes,
+)
+from controller.publications import Publications
+from controller.redaction import Redactor
+from controller.types import Placement
+from harmonaize.messages import (
+    Envelope,
+    Hello,
+    JobDeclaration,
+    PoolCapacity,
+    Reply,
+    Resync,
+    Subscribe,
+    TuningReport,
+    TuningStatus,
+)
+
+if TYPE_CHECKING:  # the configuration module brings the metrics server's asyncio along
+    from controller.config import ControllerConfig
+
+log = logging.getLogger("harmonaize.controller")
+
+#: Rejected frames logged per window; all of them are counted.
+REJECT_LOG_BURST = 10
+REJECT_LOG_WINDOW = 10.0
+#: Seconds between prunings of old host events and of the feed log beyond its retention.
+FEED_PRUNE_INTERVAL = 60.0
+
+
+class ControllerCore:
+    def __init__(self, cfg: ControllerConfig, now: float, restored: Restored | None = None,
+                 *, rng: random.Random | None = None) -> None:
+        """Begin from what the store kept (nothing: a new controller). ``rng`` draws the
+        redaction's release jitter (seed it for a reproducible run)."""
+        restored = restored or Restored()
+        self.cfg = cfg
+        self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
+        self.cluster.restore(list(restored.hosts), now)
+        self.redactor = Redactor(cfg.redaction, rng or random.Random())
+        #: Multi-host jobs' tuning: two-phase changes every host applies alike.
+        self.agreement = Agreement(cfg.tuning)
+        for job, state in restored.tuning.items():
+            try:
+                self.agreement.restore(job, state, now)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("job %s: unreadable tuning state ignored: %s", job, exc)
+        for placement in restored.placements:
+            self.redactor.place(placement)
+            self.agreement.set_hosts(placement.job, placement.hosts)
+        self.declarations = Declarations(restored.declarations)
+        self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
+                                 restored.feed_epoch)
+        self.frames = 0
+        self.rejected: Counter[str] = Counter()
+        self._reject_window = (-math.inf, 0)
+        #: Sends that wait for the next Commit.
+        self._held: list[Output] = []
+        self._placements: dict[str, Placement | None] = {}
+        self._tuning: dict[str, Mapping[str, Any] | None] = {}
+        self._now = now
+        #: Agents' messages applied since the last tick (their effects wait for it).
+        self._staged = False
+        self._stepped_at = now
+        self._liveness_checked = -math.inf
+        self._expiry_checked = -math.inf
+        self._next_republish = now + cfg.feed.republish
+        self._next_prune = now + FEED_PRUNE_INTERVAL
+
+    # --- the interface ----------------------------------------------------------------
+
+    def receive(self, peer: Peer, message: Envelope | BadFrame, now: float) -> list[Output]:
+        """Apply one message from ``peer``. Returns what may go out at once; whatever
+        depends on new state is held for the next Commit (a tick's, or at once for a
+        declaration, whose answer says it is stored)."""
+        self._now = now
+        if isinstance(peer, TenantPeer):
+            return self._tenant(peer, message, now)
+        return self._agent(peer, message, now)
+
+    def tick(self, now: float, wall: float) -> list[Output]:
+        """The batch is over, or a deadline came: do what is due, then a Commit and the
+        sends it allows."""
+        self._now = now
+        if now >= self._liveness_due():
+            self._liveness_checked = now
+            for host_id in self.cluster.tick(now):
+                log.warning("host %s is down: %s", host_id,
+                            self.cluster.hosts[host_id].down_reason)
+        self._publish_changes(now, wall)  # also what the redactor held back until now
+        if now >= self._expiry_due():
+            self._expiry_checked = now
+            self.feed.expire(now)
+        if now >= self._next_republish:
+            # Every condition again, as it was: a safety net only.
+            self._held += self.feed.republish()
+            self._next_republish = now + self.cfg.feed.republish
+        if now >= self._next_prune:
+            self._held.append(Prune(self.cfg.feed.retention))
+            self._next_prune = now + FEED_PRUNE_INTERVAL
+        return self._release()
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` next has something to do, on the clock of ``now``; the time
+        of the last input or tick while received messages wait for one."""
+        if self._held or self._staged or self.cluster.changed:
+            return self._now
+        times = (self._liveness_due(), self._expiry_due(), self._next_republish,
+                 self._next_prune, self.redactor.next_due(),
+                 self.agreement.next_deadline(self._stepped_at))
+        return min((t for t in times if t is not None), default=None)
+
+    def delivered(self, send: SendToTenant | AnswerTenant, outcome: Delivery) -> None:
+        """How sending to a tenant went (counted per subscriber; a gone one is dropped)."""
+        self.feed.delivered(send, outcome)
+
+    def place(self, placement: Placement, now: float, wall: float) -> list[Output]:
+        """The scheduler placed a job (or moved it): what tenants see follows at once."""
+        self._now = now
+        previous = self.redactor.placements.get(placement.job)
+        if previous is not None and previous.tenant != placement.tenant:
+            # A job id now belongs to someone else: the old owner's declaration is void.
+            self._withdraw(placement.job)
+        self._placements[placement.job] = placement
+        self.redactor.place(placement)
+        self.agreement.set_hosts(placement.job, placement.hosts)
+        self.cluster.changed = True
+        self._publish_changes(now, wall)
+        declared = self.declarations.get(placement.job)
+        if declared is not None:
+            self._forward(declared[1])  # hosts the job has moved to learn it now
+        return self._release()
+
+    def unplace(self, job: str, now: float) -> list[Output]:
+        """The job ended: its declaration, placement and tuning state go."""
+        if job not in self.redactor.placements:
+            raise KeyError(job)
+        self._now = now
+        self._withdraw(job)
+        self._placements[job] = None
+        self.redactor.remove_job(job)
+        self.agreement.forget(job)
+        self._agree(now)  # its stored tuning state goes too
+        return self._release()
+
+    def reconfigure(self, cfg: ControllerConfig) -> None:
+        """New rules (a reload): liveness, feed timing and budgets, redaction, tuning."""
+        old, self.cfg = self.cfg, cfg
+        self.cluster.missed_heartbeats = cfg.liveness.missed_heartbeats
+        self.cluster.silent_from = -math.inf  # fewer heartbeats may be missed now: look
+        self.feed.configure(cfg.feed)
+        if cfg.redaction != old.redaction:
+            self.redactor.cfg = cfg.redaction
+            self.cluster.changed = True  # recompute what tenants see under the new rules
+        self.agreement.settings = cfg.tuning
+
+    def close(self) -> list[Output]:
+        """The last Commit before stopping. Held sends are dropped: agents resend what
+        was not acknowledged, tenants resume."""
+        self._held = []
+        return self._release()
+
+    # --- agents ------------------------------------------------------------------------
+
+    def _agent(self, peer: AgentPeer, message: Envelope | BadFrame,
+               now: float) -> list[Output]:
+        self.frames += 1
+        if isinstance(message, BadFrame):
+            self._reject(message.reason, message.detail, now)
+            return []
+        if peer.host is not None and message.sender != peer.host:
+            # The key decides who a host is; the frame's sender must agree with it.
+            self._reject("identity", f"key of {peer.host!r} used to speak for "
+                         f"{message.sender!r:.60}", now)
+            return []
+        at_once: list[Output] = []
+        for reply in self.cluster.receive(peer.conn, message, now):
+            send = SendToAgent(reply.conn, reply.body)
+            if isinstance(reply.body, Resync):
+                at_once.append(send)  # "say hello first": about no state
+            else:
+                self._held.append(send)
+        self._staged = True
+        if (isinstance(message.body, Hello)
+                and self.cluster.bindings.get(peer.conn) == message.sender):
+            self._held += self._declarations_for(message.sender, peer.conn)
+        return at_once
+
+    def _reject(self, reason: str, detail: str, now: float) -> None:
+        self.rejected[reason] += 1
+        start, count = self._reject_window
+        if now - start > REJECT_LOG_WINDOW:
+            start, count = now, 0
+        if count < REJECT_LOG_BURST:
+            log.warning("rejected a frame (%s): %s", reason, detail)
+        self._reject_window = (start, count + 1)
+
+    def _publish_changes(self, now: float, wall: float) -> None:
+        """Feed the agreement and the redactor what changed; stage what they let out."""
+        self._agree(now)
+        advisories, self.cluster.advisories = self.cluster.advisories, []
+        for host_id, advisory in advisories:
+            declared = self.declarations.get(advisory.job)
+            refused = self.redactor.advisory(
+                host_id, advisory, now, wall,
+                max_pause=declared[1].max_validation_pause if declared else None)
+            if refused is not None:
+                # Acknowledged to the host (it was delivered) but not passed on: a host
+                # speaking for a job it does not run, or beyond what the job allows.
+                self.cluster.counters[f"job_message_{refused}"] += 1
+                log.warning("host %s: %s for job %r not passed on (%s)", host_id,
+                            advisory.KIND, advisory.job, refused.replace("_", " "))
+        self._staged = False
+        if self.cluster.changed:
+            self.cluster.changed = False
+            self.redactor.observe(self.cluster.views(), now)
+        for publication in self.redactor.due(now):
+            body = publication.body
+            if isinstance(body, PoolCapacity):
+                log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
+                         body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
+            self._held += self.feed.publish(body, publication.topic, wall)
+
+    def _agree(self, now: float) -> None:
+        """Reports and acknowledgements from the job's own hosts in; arms and resolves
+        out, each stored (in the Commit before them) so a restart resends or cancels it."""
+        messages, self.cluster.tuning = self.cluster.tuning, []
+        for host_id, body in messages:
+            if host_id not in self._hosts_of(body.job):
+                self.feed.stats["foreign_tuning_messages"] += 1
+                continue
+            if isinstance(body, TuningReport):
+                if not self.agreement.report(host_id, body, now):
+                    log.warning("host %s: tuning report for job %r refused (wish %r at "
+                                "severity %d is no choice a declaration gives)", host_id,
+                                body.job, body.want, body.severity)
+            else:
+                self.agreement.ack(host_id, body, now)
+        hellos, self.cluster.hellos = self.cluster.hellos, []
+        for host_id in hellos:
+            self.agreement.reconnected(host_id)
+        outgoing = self.agreement.step(now)
+        self._stepped_at = now
+        dirty, gone = self.agreement.take_dirty()
+        self._tuning.update({job: self.agreement.snapshot(job) for job in dirty})
+        self._tuning.update(dict.fromkeys(gone))
+        # After this batch's replies: a host saying hello gets the declarations of its
+        # jobs before any arm or outcome for them.
+        for host_id, body in outgoing:
+            log.info("job %s: %s decision %d to host %s", body.job, body.KIND,  # type: ignore[attr-defined]
+                     body.decision, host_id)  # type: ignore[attr-defined]
+            conn = self.cluster.conn_of.get(host_id)
+            if conn is not None:
+                self._held.append(SendToAgent(conn, body))
+        for job in sorted(self.redactor.placements):
+            choice, status = self.agreement.health(job, now)
+            if self.redactor.tuning(job, choice, status):
+                self.cluster.changed = True
+                if status is not TuningStatus.STEADY:
+                    log.warning("job %s: tuning %s: %s", job, status.value,
+                                self.agreement.status(job, now).get("diverged")
+                                or "ranks wait at a switching point")
+
+    # --- tenants -----------------------------------------------------------------------
+
+    def _tenant(self, peer: TenantPeer, message: Envelope | BadFrame,
+                now: float) -> list[Output]:
+        stats = self.feed.stats
+        stats["requests"] += 1
+        if isinstance(message, BadFrame):
+            stats["bad_request"] += 1
+            if message.reason == "framing":
+                return []  # nothing to answer: not one request
+            return [AnswerTenant(peer.peer, Reply(message.seq, False,
+                                                  f"rejected: {message.detail}"[:1000]))]
+        if not self.feed.hub.admit(peer.tenant, now):
+            # Over the tenant's request budget: dropped (a renewal comes again).
+            stats["throttled_requests"] += 1
+            return []
+        body = message.body
+        if isinstance(body, Subscribe):
+            # About stored state only: the feed's numbers move in tick(), committed at once.
+            return self.feed.subscribe(peer, body, now)
+        if isinstance(body, JobDeclaration):
+            error = self._declare(peer.tenant, body)
+            self._held.append(AnswerTenant(peer.peer, Reply(message.seq, error is None,
+                                                            error or "")))
+            return self._release()
+        return []
+
+    def _declare(self, tenant: str, declaration: JobDeclaration) -> str | None:
+        """Take and forward a tenant's declaration; the error for the tenant, if any."""
+        error = self.declarations.refusal(tenant, declaration,
+                                          self.redactor.placements.get(declaration.job))
+        if error is not None:
+            self.feed.stats["refused_declarations"] += 1
+            log.warning("refused a declaration from %r: %s", tenant or "(no key)", error)
+            return error
+        if declaration.withdrawn:
+            self._withdraw(declaration.job)
+            return None
+        self.declarations.put(tenant, declaration)
+        self.feed.stats["declarations"] += 1
+        self._forward(declaration)
+        return None
+
+    def _hosts_of(self, job: str) -> frozenset[str]:
+        placement = self.redactor.placements.get(job)
+        return placement.hosts if placement is not None else frozenset()
+
+    def _forward(self, declaration: JobDeclaration) -> None:
+        placement = self.redactor.placements.get(declaration.job)
+        body = for_host(declaration, placement)
+        for host_id in sorted(self._hosts_of(declaration.job)):
+            conn = self.cluster.conn_of.get(host_id)
+            if conn is not None:
+                self._held.append(SendToAgent(conn, body))
+
+    def _withdraw(self, job: str) -> None:
+        # Hosts step back to NCCL's own choices at agreed points, then forget the job.
+        self.agreement.withdraw(job)
+        if self.declarations.remove(job):
+            self._forward(JobDeclaration(job, withdrawn=True))
+
+    def _declarations_for(self, host_id: str, conn: bytes) -> list[Output]:
+        """A (re)connecting agent learns the declarations of the jobs it hosts (the
+        agreement resends it any arm or resolve it has not acknowledged)."""
+        out: list[Output] = []
+        for _, declaration in self.declarations.by_job.values():
+            if host_id in self._hosts_of(declaration.job):
+                placement = self.redactor.placements.get(declaration.job)
+                out.append(SendToAgent(conn, for_host(declaration, placement)))
+        return out
+
+    # --- commits and deadlines ---------------------------------------------------------
+
+    def _release(self) -> list[Output]:
+        """A Commit of everything changed, then every held send."""
+        records, events = self.cluster.take_dirty()
+        seqs, entries = self.feed.take_dirty()
+        placements, self._placements = self._placements, {}
+        tuning, self._tuning = self._tuning, {}
+        writes = Writes(tuple(dataclasses.replace(r) for r in records), tuple(events), seqs,
+                        entries, self.declarations.take_dirty(), placements, tuning)
+        out: list[Output] = [Commit(writes)] if writes else []
+        out += self._held
+        self._held = []
+        return out
+
+    def _liveness_due(self) -> float:
+        # When a host may first be silent, and at most once per check interval (a look
+        # finds nobody down at the very instant of the limit).
+        return max(self.cluster.silent_from,
+                   self._liveness_checked + self.cfg.liveness.check_interval)
+
+    def _expiry_due(self) -> float:
+        first = self.feed.next_expiry()
+        if first is None:
+            return math.inf
+        return max(first, self._expiry_checked + self.cfg.liveness.check_interval)

@@ -1,0 +1,172 @@
+"""What passes between the controller's sans-I/O core and its shell.
+
+Inputs name where a decoded message came from (:class:`AgentPeer`,
+:class:`TenantPeer`) or say that a frame could not be decoded
+(:class:`BadFrame`). Outputs are plain values the shell executes in the order
+given; a :class:`Commit` is stored (one transaction) before anything after it
+is sent, which is how the core keeps its promise that nothing acknowledged is
+lost: every acknowledgement, publication and answer that depends on new state
+comes after the ``Commit`` holding that state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from harmonaize.messages import JobDeclaration, Message
+
+if TYPE_CHECKING:
+    from controller.cluster import HostRecord, StoredEvent
+    from controller.types import Placement
+
+# --- inputs ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentPeer:
+    """An agent's connection: its routing id, and the host its CurveZMQ key names
+    (None without authentication: then the message's sender is taken at its word)."""
+
+    conn: bytes
+    host: str | None = None
+
+
+@dataclass(frozen=True)
+class TenantPeer:
+    """A tenant's connection: its routing id, and the tenant its key names ("" without
+    authentication: pool topics only)."""
+
+    peer: bytes
+    tenant: str = ""
+
+
+Peer = AgentPeer | TenantPeer
+
+
+@dataclass(frozen=True)
+class BadFrame:
+    """A frame the shell could not decode: ``reason`` is ``framing`` (not one routing id
+    and one message) or ``invalid`` (the wire format refused it)."""
+
+    reason: str
+    detail: str
+    #: The request's sequence number when its envelope was readable (0: it was not).
+    seq: int = 0
+
+
+# --- what the shell stores -------------------------------------------------------------
+
+
+class FeedEntry(NamedTuple):
+    """One numbered publication as the feed log keeps it."""
+
+    topic: str
+    seq: int
+    condition: bool
+    frame: bytes
+
+
+@dataclass(frozen=True)
+class Writes:
+    """State changed since the last commit, to be stored in one transaction."""
+
+    #: Hosts as they are now (copies: later changes are the next commit's).
+    hosts: tuple[HostRecord, ...] = ()
+    events: tuple[StoredEvent, ...] = ()
+    #: Each topic's newest sequence number.
+    feed_seqs: Mapping[str, int] = field(default_factory=dict)
+    feed_log: tuple[FeedEntry, ...] = ()
+    #: By job: (tenant, declaration), or None where it went.
+    declarations: Mapping[str, tuple[str, JobDeclaration] | None] = field(default_factory=dict)
+    #: By job: its placement, or None where it went.
+    placements: Mapping[str, Placement | None] = field(default_factory=dict)
+    #: By job: the agreement's snapshot, or None where it went.
+    tuning: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.hosts or self.events or self.feed_seqs or self.feed_log
+                    or self.declarations or self.placements or self.tuning)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What the store gives back after a restart (a new core begins from it)."""
+
+    hosts: tuple[HostRecord, ...] = ()
+    tuning: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    placements: tuple[Placement, ...] = ()
+    feed_seqs: Mapping[str, int] = field(default_factory=dict)
+    #: Each topic's newest condition: (seq, frame).
+    latest: Mapping[str, tuple[int, bytes]] = field(default_factory=dict)
+    declarations: tuple[tuple[str, JobDeclaration], ...] = ()
+    #: The database's feed epoch (a database begun anew has another one).
+    feed_epoch: int = 0
+
+
+# --- outputs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Store ``writes`` in one transaction before executing any later output."""
+
+    writes: Writes
+
+
+@dataclass(frozen=True)
+class SendToAgent:
+    conn: bytes
+    message: Message
+
+
+@dataclass(frozen=True)
+class SendToTenant:
+    """A numbered publication, the frame as stored, for one subscriber on ``topic``.
+    The shell reports how it went with :meth:`ControllerCore.delivered`."""
+
+    peer: bytes
+    topic: str
+    frame: bytes
+
+
+@dataclass(frozen=True)
+class AnswerTenant:
+    """An answer to a tenant's request (unnumbered, on no topic); reported like a
+    :class:`SendToTenant`."""
+
+    peer: bytes
+    message: Message
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Send ``peer`` up to ``limit`` stored frames of ``topic`` after ``after``, none
+    numbered below ``retained_from``, each as a :class:`SendToTenant`."""
+
+    peer: bytes
+    topic: str
+    after: int
+    limit: int
+    retained_from: int
+
+
+@dataclass(frozen=True)
+class Prune:
+    """Prune old host events, and the feed log to ``retention`` messages per topic."""
+
+    retention: int
+
+
+Output = Commit | SendToAgent | SendToTenant | AnswerTenant | Replay | Prune
+
+
+class Delivery(Enum):
+    """How sending to a tenant went: a full queue loses the message, a gone peer is
+    dropped from the subscribers (it renews when it comes back)."""
+
+    SENT = "sent"
+    FULL = "full"
+    GONE = "gone"

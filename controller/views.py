@@ -1,0 +1,138 @@
+"""What operators see of the core, and their requests checked into the core's terms.
+
+Pure functions of a :class:`ControllerCore` (and ``now``); the shell's operator
+socket wires them to commands and adds what only it knows (its sockets, keys,
+descriptors). These are the provider's views: hosts and pools by name, which a
+tenant never sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from controller.core import ControllerCore
+from controller.types import Member, Placement
+from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
+
+
+@dataclass(frozen=True)
+class MemberRequest:
+    name: Ident
+    host: Ident
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """A placement as the provider's scheduler sends it (validated like any input)."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    job: Ident
+    tenant: Ident
+    members: Annotated[tuple[MemberRequest, ...], Len(4096, min_len=1)]
+    #: The Unix group (name or number) the job's processes run with on its hosts:
+    #: only that group may read and follow the job's tuner policy there.
+    group: Name = ""
+
+
+def placement(args: dict[str, Any]) -> Placement:
+    """The ``place`` command's arguments as a placement (SchemaError if they are not one)."""
+    request = from_plain(PlacementRequest, args, "place")
+    return Placement(request.job, request.tenant,
+                     tuple(Member(m.name, m.host) for m in request.members), request.group)
+
+
+def counters(core: ControllerCore) -> dict[str, Any]:
+    """The core's part of ``status``."""
+    hosts = core.cluster.hosts.values()
+    feed = core.feed
+    return {
+        "hosts": {"known": len(hosts), "alive": sum(1 for h in hosts if h.alive)},
+        "frames": core.frames,
+        "rejected": dict(core.rejected),
+        "protocol": dict(core.cluster.counters),
+        "feed_stats": {**feed.stats, "topics": len(feed.seqs),
+                       "subscribers": len(feed.hub.subscribers)},
+    }
+
+
+def hosts(core: ControllerCore, now: float) -> list[dict[str, Any]]:
+    rows = []
+    for host in sorted(core.cluster.hosts.values(), key=lambda h: h.host_id):
+        summary = host.summary
+        rows.append({
+            "host_id": host.host_id,
+            "pool": host.pool,
+            "gpu_class": host.gpu_class,
+            "gpus": host.gpus,
+            "alive": host.alive,
+            "down_reason": host.down_reason,
+            "health": summary.health.value if summary else None,
+            "schedulable": summary.schedulable if summary else None,
+            "last_seen_seconds": round(now - host.last_seen, 3),
+            "last_seq": host.last_seq,
+            "version": host.version,
+        })
+    return rows
+
+
+def capacity(core: ControllerCore) -> list[dict[str, Any]]:
+    """What tenants currently see."""
+    return [{"topic": p.topic, "tenant": p.tenant, "kind": p.body.KIND, **to_plain(p.body)}
+            for p in core.redactor.current()]
+
+
+def jobs(core: ControllerCore, now: float) -> list[dict[str, Any]]:
+    return [{**to_plain(p), "declared": core.declarations.get(job) is not None,
+             "tuning": core.agreement.status(job, now)}
+            for job, p in sorted(core.redactor.placements.items())]
+
+
+def feed(core: ControllerCore, now: float) -> list[dict[str, Any]]:
+    subscribers = core.feed.hub.subscribers.values()
+    return [{
+        "tenant": sub.tenant, "peer": sub.peer.hex(), "topics": list(sub.prefixes),
+        "connected_seconds": round(now - sub.since, 1), "sent": sub.sent,
+        "dropped": sub.dropped, "refused": sub.refused,
+    } for sub in sorted(subscribers, key=lambda s: (s.tenant, s.peer))]
+
+
+def tenants(core: ControllerCore, keys: set[str] | None) -> list[dict[str, Any]]:
+    """Every tenant with a key on file (``keys``; None: no authentication) or a job."""
+    names = set(keys or ())
+    placed: dict[str, list[str]] = {}
+    for p in core.redactor.placements.values():
+        placed.setdefault(p.tenant, []).append(p.job)
+        names.add(p.tenant)
+    rows = []
+    for name in sorted(names):
+        subs = [s for s in core.feed.hub.subscribers.values() if s.tenant == name]
+        rows.append({
+            "tenant": name,
+            "key": keys is None or name in keys,
+            "jobs": sorted(placed.get(name, [])),
+            "declared": core.declarations.of_tenant(name),
+            "subscribers": len(subs),
+            "dropped": sum(s.dropped for s in subs),
+        })
+    return rows
+
+
+def pools(core: ControllerCore) -> list[dict[str, Any]]:
+    """Pools: hosts and GPUs (the provider's view, exact)."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for host in core.cluster.hosts.values():
+        row = rows.setdefault((host.pool, host.gpu_class), {
+            "pool": host.pool, "gpu_class": host.gpu_class, "hosts": 0, "alive": 0,
+            "schedulable": 0, "gpus": 0, "gpus_healthy": 0, "gpus_in_use": 0})
+        row["hosts"] += 1
+        summary = host.summary
+        if host.alive:
+            row["alive"] += 1
+            if summary is not None and summary.schedulable:
+                row["schedulable"] += 1
+        row["gpus"] += host.gpus
+        if host.alive and summary is not None:
+            row["gpus_healthy"] += summary.gpus.healthy
+            row["gpus_in_use"] += summary.gpus.in_use
+    return [rows[k] for k in sorted(rows)]
