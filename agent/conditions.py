@@ -82,6 +82,10 @@ class ConditionTracker:
     def conditions(self) -> tuple[Condition, ...]:
         return tuple(t.condition for _, t in sorted(self._tracked.items()))
 
+    def pending(self) -> bool:
+        """Whether a verdict disagrees with its condition and waits out its sustain."""
+        return any(t.pending_since is not None for t in self._tracked.values())
+
     def holding(self) -> list[Condition]:
         return [c for c in self.conditions() if c.status is Status.TRUE]
 

@@ -41,8 +41,10 @@ from harmonaize.messages import (
 )
 
 HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
-#: Every GPU is re-evaluated at least this often (seconds), for rules that
-#: depend on time passing (windows, sustain, holds); otherwise only on news.
+#: A GPU with a finding that holds, or a condition waiting out its sustain, is
+#: judged again this often (seconds) without news: its rules look at time passing
+#: (windows, sustain, holds) and at growth since the last look. A GPU with neither
+#: is judged again only on news or at its own deadline (the end of a suspicion).
 FULL_EVALUATION = 1.0
 
 
@@ -102,6 +104,8 @@ class _Gpu:
     snapshot: GpuSnapshot | None = None
     view: GpuView | None = None
     evaluated_at: float = float("-inf")
+    #: When time passing alone could change this GPU's verdict (see :meth:`_deadline`).
+    due: float = float("-inf")
     #: The state to return to when a validation could not decide.
     before_validation: GpuState = GpuState.HEALTHY
     #: When the GPU was last seen reset (its volatile counters went back to zero).
@@ -155,6 +159,8 @@ class GpuHealthEngine:
         self._advised: dict[str, tuple[Urgency, float]] = {}  # job -> (urgency, when)
         self._last: GpuStep | None = None
         self._last_at = float("-inf")
+        #: When an advised job is due to be advised again.
+        self._advise_due = float("inf")
         #: The number of the last observation stepped on (-1: none yet).
         self._seen = -1
         #: Set when a GPU's state moved (also from outside a step: validation,
@@ -166,7 +172,7 @@ class GpuHealthEngine:
         is judged again by the new rules at the next step."""
         self.cfg = cfg
         for gpu in self.gpus.values():
-            gpu.evaluated_at = float("-inf")
+            gpu.due = float("-inf")
         self.changed = True
 
     # --- hooks for validation and operators ---------------------------------------
@@ -175,7 +181,7 @@ class GpuHealthEngine:
              action: Action | None = None) -> HostEvent | None:
         if gpu.state is state and gpu.why == why:
             return None
-        gpu.evaluated_at = float("-inf")  # show the change at the next step
+        gpu.due = float("-inf")  # show the change at the next step
         self.changed = True
         previous = gpu.state
         gpu.state, gpu.why, gpu.since = state, why, now
@@ -237,13 +243,13 @@ class GpuHealthEngine:
     # --- the step -------------------------------------------------------------------
 
     def step(self, sample: GpuSample | None, now: float) -> GpuStep:
-        """Evaluate the GPUs whose inputs changed (and all of them every second)."""
+        """Evaluate the GPUs whose inputs changed or whose deadline came."""
         events: list[HostEvent] = []
         evaluated = False
         changed, self.changed = self.changed, False
         seq = sample.seq if sample is not None else -1
         if seq == self._seen and self._last is not None and not changed \
-                and now - self._last_at < FULL_EVALUATION:
+                and now < self.next_deadline():
             # The observer handed on the same observation: nothing new at all.
             return GpuStep(self._last.gpus, self._last.counts, self._last.findings, [], [],
                            self._last.action)
@@ -263,17 +269,18 @@ class GpuHealthEngine:
                         and snap.version == previous.version
                         and snap.lost == previous.lost and snap.hung_call is None
                         and previous.hung_call is None and gpu.index not in with_xids
-                        and jobs == gpu.jobs and now - gpu.evaluated_at < FULL_EVALUATION):
+                        and jobs == gpu.jobs and now < gpu.due):
                     continue  # nothing new about this GPU
                 gpu.jobs = jobs
                 self._evaluate(gpu, snap, sample.call_timeout, now, events)
                 evaluated = True
-        if (evaluated or changed or self._last is None
-                or now - self._last_at >= FULL_EVALUATION):
+        if evaluated or changed or self._last is None or now >= self._advise_due:
             views = tuple(g.view for _, g in sorted(self.gpus.items()) if g.view is not None)
             self._last = GpuStep(views, self._counts(), self._host_findings(), [],
                                  self._advisories(now), worst([v.action for v in views]))
             self._last_at = now
+            self._advise_due = min((at + self.cfg.advisory_interval
+                                    for _, at in self._advised.values()), default=float("inf"))
             return GpuStep(self._last.gpus, self._last.counts, self._last.findings, events,
                            self._last.advisories, self._last.action)
         return GpuStep(self._last.gpus, self._last.counts, self._last.findings, events, [],
@@ -290,6 +297,27 @@ class GpuHealthEngine:
             events.append(moved)
         gpu.view = self._view(gpu)
         gpu.evaluated_at = now
+        gpu.due = self._deadline(gpu, now)
+
+    def _deadline(self, gpu: _Gpu, now: float) -> float:
+        """When time passing alone could change what the rules say of this GPU.
+
+        While a finding holds or a condition waits out its sustain, rules look at
+        time (windows, sustain, holds) and at growth since the last look: judge
+        again every ``FULL_EVALUATION``. Otherwise no rule can change without news
+        (a window's growth only shrinks as time passes, and none holds now), except
+        a suspicion that ends ``suspect_clear`` after its last signal.
+        """
+        if gpu.tracker.pending() or any(r.finding.holds for r in gpu.rules):
+            return now + FULL_EVALUATION
+        if gpu.state is GpuState.SUSPECT:
+            return gpu.last_suspect_signal + self.cfg.suspect_clear
+        return float("inf")
+
+    def next_deadline(self) -> float:
+        """When a step without news could change anything: the earliest GPU deadline or
+        re-advice (the daemon may step at any time before; it is then a no-op)."""
+        return min([self._advise_due, *(g.due for g in self.gpus.values())])
 
     def _known(self, sample: GpuSample) -> set[int]:
         for snap in sample.gpus:

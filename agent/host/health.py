@@ -20,7 +20,8 @@ from agent.links.health import LinkHealthEngine, LinkLevels, LinkStep, views
 from agent.observations import Observations
 from harmonaize.messages import HostEvent, HostSummary, JobAdvisory
 
-#: With unchanged inputs, the whole step is still re-evaluated this often (seconds).
+#: While a host condition waits out its sustain, the step is evaluated again this
+#: often (seconds) with unchanged inputs; otherwise only at the engines' deadlines.
 FULL_STEP = 1.0
 
 __all__ = ["ConditionTracker", "Finding", "HealthStep", "HostHealthEngine", "Republisher",
@@ -47,6 +48,7 @@ class HostHealthEngine:
         self.tracker = ConditionTracker()
         self.link_levels: tuple[LinkLevels, ...] = ()
         self._last: tuple[tuple[Any, ...], float, HealthStep] | None = None
+        self._due = float("-inf")
 
     def configure(self, cfg: ObserversSection) -> None:
         """New rule settings (a reload): the engine keeps what it learnt (conditions,
@@ -68,20 +70,26 @@ class HostHealthEngine:
         extra: Sequence[Finding] = (),
     ) -> HealthStep:
         """``extra``: findings of other engines (the tuning loop's), tracked alike."""
-        # Observers hand on the same objects when nothing moved; then so do we,
-        # but re-evaluate at least once a second for rules that run on time.
+        # Equal inputs (the same observations: samples compare by value) before the
+        # deadline give the same result: nothing is evaluated.
         inputs = (observations.host, observations.links, observations.rdma, observations.gpu,
                   tuple(sorted((failing or {}).items())), drained, validation_failure,
                   tuple(extra))
-        if self._last is not None and now - self._last[1] < FULL_STEP and not self.gpus.changed \
-                and all(
-                a is b or a == b for a, b in zip(inputs, self._last[0], strict=True)):
+        if self._last is not None and now < self.next_deadline() and not self.gpus.changed \
+                and all(a is b or a == b  # "is": only the fast path of ==
+                        for a, b in zip(inputs, self._last[0], strict=True)):
             previous = self._last[2]
             return HealthStep(previous.summary, [], [], previous.gpus, previous.links)
         step = self._step(observations, now, failing, drained, validation_failure,
                           extra=extra)
         self._last = (inputs, now, step)
+        self._due = now + FULL_STEP if self.tracker.pending() else float("inf")
         return step
+
+    def next_deadline(self) -> float:
+        """When a step with unchanged inputs could change anything: a host condition
+        waiting out its sustain, a link level's fall, a GPU's deadline."""
+        return min(self._due, self.links.next_deadline(), self.gpus.next_deadline())
 
     def _step(
         self,

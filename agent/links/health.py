@@ -124,6 +124,11 @@ class LevelHold:
     _lower_since: float | None = None
     _lower_max: Level = Level.NONE
 
+    def falls_at(self) -> float:
+        """When the held level falls if the raw level stays below it (inf: it is not
+        waiting to fall)."""
+        return float("inf") if self._lower_since is None else self._lower_since + self.hold
+
     def update(self, raw: Level, now: float) -> Level:
         if raw.rank >= self.level.rank:
             self.level, self._lower_since = raw, None
@@ -171,6 +176,12 @@ class LinkHealthEngine:
         self.cfg = cfg
         for hold in (*self._congestion.values(), *self._errors.values()):
             hold.hold = cfg.hold
+
+    def next_deadline(self) -> float:
+        """When a held level falls if its link stays as calm as it is now."""
+        return min((hold.falls_at() for hold in (*self._congestion.values(),
+                                                 *self._errors.values())),
+                   default=float("inf"))
 
     def step(self, link_views: Iterable[LinkView], now: float) -> LinkStep:
         levels, judged = [], tuple(judge(view, self.cfg) for view in link_views)
