@@ -20,7 +20,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,15 @@ from agent import selfmetrics
 from agent.config import AgentConfig
 from agent.declarations import Declarations
 from agent.gpu import commands as gpu_commands
+from agent.gpu.energyservice import EnergyService
+from agent.gpu.health import GpuState
 from agent.host import commands as host_commands
 from agent.host.health import HealthStep, HostHealthEngine, Republisher
 from agent.links import commands as link_commands
 from agent.observations import Observations
 from agent.observers import ObserverSet
+from agent.rdma import commands as rdma_commands
+from agent.rdma.service import RdmaCcService
 from agent.spool import Spool
 from agent.tuning import commands as tuning_commands
 from agent.tuning.service import TuningService
@@ -54,6 +58,7 @@ from harmonaize.messages import (
     Severity,
     TuningArm,
     TuningResolve,
+    ValidationDecision,
 )
 from harmonaize.metrics import MetricsServer, Registry
 from harmonaize.opsocket import Command, CommandError, OperatorSocket
@@ -65,6 +70,8 @@ log = logging.getLogger("harmonaize.agent")
 
 #: After an observer wakes the loop, wait this long so a burst of events is one step.
 MIN_STEP_GAP = 0.002
+#: GPUs the energy loop leaves at their own power limit (a validation benchmarks them).
+OUT_OF_SERVICE = frozenset({GpuState.VALIDATING, GpuState.QUARANTINED, GpuState.LOST})
 
 
 class AgentDaemon:
@@ -90,6 +97,10 @@ class AgentDaemon:
         self.declarations = Declarations()
         self.validation: ValidationService | None = None
         self.tuning: TuningService | None = None
+        self.energy: EnergyService | None = None
+        #: RDMA congestion control; always there, so originals a killed agent left are put
+        #: back at start even when [rdma.cc] is now off.
+        self.rdma_cc: RdmaCcService | None = None
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
@@ -176,21 +187,35 @@ class AgentDaemon:
                 self.cfg.validation, self.cfg.agent.state_dir, self.health.gpus,
                 retired_pages_limit=self.cfg.observers.gpu.retired_pages_limit,
                 publish=self._publish, emit=self._emit,
-                allowance=self.declarations.pause_allowance)
+                allowance=self.declarations.pause_allowance,
+                defer_allowance=self.declarations.defer_allowance)
             self.validation.start(loop)
         if self.cfg.tuning.enabled:
             self.tuning = TuningService(self.cfg.tuning, self.cfg.observers.links,
                                         publish=self._publish)
             self.tuning.start(time.time())
+        energy = EnergyService(
+            self.cfg.energy, self.cfg.agent.state_dir, self._gpu_handles,
+            call_timeout=self.cfg.observers.gpu.call_timeout,
+            policy_dir=self.cfg.tuning.policy_dir if self.cfg.tuning.enabled else None,
+            wake=self._wake)
+        # Power limits a killed agent left lowered go back first, even with the loop off.
+        energy.restore_left()
+        if self.cfg.energy.enabled:
+            energy.start()
+            self.energy = energy
+        self.rdma_cc = RdmaCcService(self.cfg.rdma.cc, self.cfg.observers.rdma.sysfs_root,
+                                     self.cfg.agent.state_dir)
+        self.rdma_cc.start(time.time())
         self._step(time.time())  # the first summary (and GPU count) before the hello
-        if self.cfg.controller.endpoint:
+        if self.cfg.controller.endpoint or self.cfg.controller.endpoints:
             self._ctx = zmq.asyncio.Context()
             spool = (Spool(Path(self.cfg.agent.state_dir) / "spool.db", self.host_id)
                      if self.cfg.controller.spool else None)
             self.uplink = Uplink(
                 self._ctx, self.cfg.controller, self.host_id, self._hello,
                 on_resync=self.republisher.force, on_declaration=self._declared,
-                on_tuning=self._tuning_message,
+                on_tuning=self._tuning_message, on_validation=self._validation_answer,
                 spool=spool, curve=curve,
             )
             if self.uplink.outbox.restored:
@@ -233,10 +258,14 @@ class AgentDaemon:
                 await task
         if self.validation is not None:
             self.validation.stop()  # kills running checks before anything else goes
+        if self.energy is not None:
+            self.energy.stop()  # every power limit back where it was, while NVML is up
         if self.tuning is not None:
             # Single-host communicators back to NCCL's own choices, traffic classes
             # removed; the policy files stay for the next agent to adopt.
             self.tuning.stop(time.time())
+        if self.rdma_cc is not None:
+            self.rdma_cc.stop()  # every NIC value it changed back to what it was
         if self.uplink is not None:
             self.uplink.close("agent stopping")
         if self._ctx is not None:
@@ -265,8 +294,12 @@ class AgentDaemon:
                 ("agent.host_id", self.cfg.agent.host_id, new.agent.host_id),
                 ("socket", self.cfg.socket, new.socket),
                 ("controller.endpoint", self.cfg.controller.endpoint, new.controller.endpoint),
+                ("controller.endpoints", self.cfg.controller.endpoints,
+                 new.controller.endpoints),
                 ("agent.state_dir", self.cfg.agent.state_dir, new.agent.state_dir),
                 ("tuning", self.cfg.tuning, new.tuning),
+                ("energy.enabled", self.cfg.energy.enabled, new.energy.enabled),
+                ("rdma", self.cfg.rdma, new.rdma),
                 ("metrics.listen", self.cfg.metrics.listen, new.metrics.listen),
             )
             if old != fresh
@@ -288,6 +321,9 @@ class AgentDaemon:
                 self.validation.configure(new.observers.gpu.retired_pages_limit)
             if self.tuning is not None:
                 self.tuning.configure(new.observers.links)
+        if self.energy is not None and new.energy != self.cfg.energy:
+            self.energy.configure(new.energy)
+            log.info("applied the new [energy] settings to the running loop")
         if live:
             log.info("applied %s to the running rules", ", ".join(live))
         self.republisher.refresh = new.controller.summary_refresh
@@ -359,7 +395,10 @@ class AgentDaemon:
                                   validation_failure=host_failure,
                                   extra=self.tuning.findings() if self.tuning else ())
         self.passes += 1
-        self.summary = result.summary
+        summary = result.summary
+        if self.energy is not None:
+            summary = replace(summary, energy=self.energy.reported(now))
+        self.summary = summary
         self.last_step = result
         for event in result.events:
             self._emit(event)
@@ -372,8 +411,18 @@ class AgentDaemon:
             self.validation.step(result.gpus.gpus, now)
         if self.tuning is not None:
             self.tuning.step(observations, result.links.judged, now)
-        if self.republisher.due(result.summary, now) and self.uplink is not None:
-            self.uplink.publish(result.summary)
+        if self.energy is not None:
+            self.energy.step(observations.gpu, self.declarations.jobs, now,
+                             [v.index for v in result.gpus.gpus if v.state in OUT_OF_SERVICE])
+        if self.rdma_cc is not None:
+            self.rdma_cc.step(observations, now)
+        if self.republisher.due(summary, now) and self.uplink is not None:
+            self.uplink.publish(summary)
+
+    def _gpu_handles(self) -> dict[str, Any]:
+        """NVML handles by GPU UUID, from the GPU observer running now (none without)."""
+        nvml = getattr(self.observers.get("gpu"), "nvml", None)
+        return {r.identity.uuid: r.handle for r in nvml.readers} if nvml is not None else {}
 
     def _publish(self, message: Message) -> None:
         if self.uplink is not None:
@@ -408,6 +457,12 @@ class AgentDaemon:
         except Exception:
             log.exception("tuning message %s for job %s failed", message.KIND, message.job)
 
+    def _validation_answer(self, decision: ValidationDecision) -> None:
+        """A tenant's answer to a validation notice, applied as it arrives."""
+        if self.validation is not None:
+            self.validation.answer(decision, time.time())
+            self._wake()
+
     def _emit(self, event: HostEvent) -> None:
         level = logging.WARNING if event.severity is not Severity.INFO else logging.INFO
         log.log(level, "event %s %s", event.reason, event.message)
@@ -425,7 +480,8 @@ class AgentDaemon:
 
     def _status_line(self) -> str:
         running = sum(1 for r in self.observers.records.values() if r.state.value == "running")
-        target = self.cfg.controller.endpoint or "no controller"
+        target = (self.uplink.endpoint if self.uplink is not None
+                  else self.cfg.controller.endpoint or "no controller")
         return (
             f"sampling {running} observer(s) every {self.cfg.agent.interval * 1000:.0f} ms; "
             f"{target}"
@@ -438,6 +494,7 @@ class AgentDaemon:
         return {
             "status": Command(self._cmd_status, "agent, observers, health and uplink"),
             **link_commands.commands(self),
+            **rdma_commands.commands(self),
             **gpu_commands.commands(self),
             **host_commands.commands(self, lambda: self._step(time.time())),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),

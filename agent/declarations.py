@@ -30,10 +30,17 @@ class Declarations:
             return
         self.jobs[declaration.job] = declaration
         log.info("job %s declares (revision %d): validation pauses up to %g s, %d tuning "
-                 "ranges", declaration.job, declaration.revision,
-                 declaration.max_validation_pause, len(declaration.tuning))
+                 "ranges, %s for energy", declaration.job, declaration.revision,
+                 declaration.max_validation_pause, len(declaration.tuning),
+                 f"{declaration.energy.max_slowdown:.1%} slowdown"
+                 if declaration.energy else "no slowdown")
 
     def pause_allowance(self, job: str) -> float:
         """Seconds the job accepts its GPUs paused for a validation (0 undeclared)."""
         declaration = self.jobs.get(job)
         return declaration.max_validation_pause if declaration else 0.0
+
+    def defer_allowance(self, job: str) -> float:
+        """Seconds by which the job may defer a validation notice, once (0 undeclared)."""
+        declaration = self.jobs.get(job)
+        return declaration.max_validation_defer if declaration else 0.0

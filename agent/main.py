@@ -11,7 +11,7 @@ from pathlib import Path
 from agent import config as agent_config
 from agent.daemon import AgentDaemon
 from agent.observers import ObserverSet
-from harmonaize import __version__
+from harmonaize import __version__, wireaudit
 from harmonaize.config import ConfigError
 from harmonaize.logs import configure_logging
 
@@ -33,6 +33,7 @@ def _check(cfg: agent_config.AgentConfig, as_json: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    wireaudit.install()  # only where HARMONAIZE_WIRE_AUDIT asks for it
     parser = argparse.ArgumentParser(
         prog="harmonaize-agent",
         description="HarmonAIze host agent: observes links and GPUs, runs micro-level loops, "

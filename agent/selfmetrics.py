@@ -1,9 +1,11 @@
 """The agent's self-metrics: what ``harmonctl status`` shows, for Prometheus.
 
 Read at scrape time from the daemon's own records, on its event loop; the GPU,
-links and validation domains give their own families (their ``metrics`` modules). Labels
-come only from fixed sets (observer names, states, event reasons); raw
-telemetry (per-link, per-GPU values) stays on the operator socket.
+links, RDMA and validation domains give their own families (their ``metrics``
+modules). Labels come from fixed sets (observer names, states, event reasons) and,
+as node_exporter does, the host's own NICs (``device``) with their direction and
+traffic class; never a flow, job, tenant or GPU: per-GPU telemetry stays on the
+operator socket.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from agent.gpu import metrics as gpu_metrics
 from agent.links import metrics as link_metrics
 from agent.observers.base import State
+from agent.rdma import metrics as rdma_metrics
 from agent.validation import metrics as validation_metrics
 from harmonaize import __version__
 from harmonaize.messages import Health, Status
@@ -29,9 +32,12 @@ def collect(daemon: AgentDaemon) -> list[Family]:
     return [
         *_process(daemon),
         *_observers(daemon),
-        *link_metrics.families(P, daemon.observers),
+        *link_metrics.families(P, daemon.observers, daemon.observations.links,
+                               daemon.last_step.links.links if daemon.last_step else ()),
+        *rdma_metrics.families(P, daemon.observations.rdma, daemon.rdma_cc),
         *_health(daemon),
         *gpu_metrics.families(P, daemon.summary, daemon.advisories_sent),
+        *gpu_metrics.energy_families(P, daemon.energy),
         *_uplink(daemon),
         *validation_metrics.families(P, daemon.validation, daemon.events_by_reason),
         *_socket(daemon),

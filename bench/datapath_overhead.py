@@ -9,7 +9,10 @@ sampling loop); our programs on both ends (two hosts' agents, both paid for
 by this one machine's CPUs); and, for comparison, a userspace counter that
 reads every packet from an AF_PACKET socket on the sending host. Overhead is
 1 - median(state/off) over the rounds, so drift on a shared machine cancels
-out. Last line: ``datapath-overhead VALUE %`` for one host's eBPF counters.
+out; the spread of the per-round figures is printed beside it (on a shared
+2-core machine single rounds swing by tens of percent, so the median needs
+many rounds, and ``datapath-cost`` measures the programs' own time instead).
+Last line: ``datapath-overhead VALUE %`` for one host's eBPF counters.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ def hold_ebpf(interface: str) -> None:
     from agent.links.sysfs import list_devices  # noqa: PLC0415
 
     datapath = LinkDatapath()
-    datapath.load()
-    datapath.attach([d for d in list_devices() if d.name == interface])
+    datapath.load([d for d in list_devices() if d.name == interface])
+    datapath.attach()
     _wait_for_term()
     datapath.close()
 
@@ -112,9 +115,17 @@ def release(procs: list[subprocess.Popen[str]]) -> None:
         proc.wait(timeout=20)
 
 
+def spread(ratios: list[float]) -> str:
+    """The per-round overheads' quartiles and extremes, in percent."""
+    lost = sorted((1 - r) * 100 for r in ratios)
+    quartiles = statistics.quantiles(lost, n=4) if len(lost) >= 2 else [lost[0]] * 3
+    return (f"rounds' quartiles {quartiles[0]:.1f} to {quartiles[2]:.1f} %, "
+            f"extremes {lost[0]:.1f} to {lost[-1]:.1f} %")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--hold-ebpf", metavar="IFACE")
     parser.add_argument("--hold-afpacket", metavar="IFACE")
@@ -144,10 +155,11 @@ def main() -> int:
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{state} {results[state] / 1e9:.2f} Gb/s" for state in STATES), flush=True)
     overhead = {state: (1 - statistics.median(r)) * 100 for state, r in ratios.items()}
-    print(f"eBPF counters on both ends (two hosts on one machine): "
-          f"{overhead['ebpf-both']:.1f} % throughput lost")
-    print(f"userspace AF_PACKET counter on the sending host: {overhead['afpacket']:.1f} % "
-          f"throughput lost (median of {args.rounds} interleaved rounds)")
+    for state, label in (("ebpf", "eBPF counters on the sending host"),
+                         ("ebpf-both", "eBPF counters on both ends (two hosts on one machine)"),
+                         ("afpacket", "userspace AF_PACKET counter on the sending host")):
+        print(f"{label}: {overhead[state]:.1f} % throughput lost; {spread(ratios[state])}")
+    print(f"(medians of {args.rounds} interleaved rounds)")
     print(f"datapath-overhead {overhead['ebpf']:.1f} %")
     return 0
 

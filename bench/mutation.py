@@ -27,11 +27,12 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 MODULES = {
     "agent/outbox.py": ["tests/test_outbox.py", "tests/test_outbox_rules.py"],
     "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
-                                "tests/test_redaction_rules.py"],
+                                "tests/test_redaction_rules.py", "tests/test_energy_feed.py"],
     "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
     "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
+    "agent/gpu/energy.py": ["tests/test_energy_loop.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]

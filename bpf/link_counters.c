@@ -12,9 +12,15 @@
 // filter on the hook (Cilium's, an operator's) still runs; TC_ACT_OK would
 // end classification in direct-action mode.
 //
-// Built against UAPI headers only. Parameters reach it through a map filled
-// by the agent: per watched interface its counter slot, its header length
-// and how DSCP values map to the eight classes. Limits come as cflags.
+// Built against UAPI headers only. What only changes when the programs are
+// loaded again is compiled in: the agent appends, per watched interface, a
+// pair of programs hz_tc_i<slot> / hz_tc_e<slot> that call hz_count with the
+// interface's counter slot and link-layer header length as constants, and
+// passes the DSCP-to-class table as cflags (HZ_DSCP_W0..3). Looking these up
+// in a map per packet (the interface by skb->ifindex, then its entry) touched
+// two more cache lines per run, a third of the program's own cost on a busy
+// host (./scripts/bench datapath-cost); a change of interfaces or classes
+// restarts the observer, which loads the programs again.
 
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -23,28 +29,24 @@
 #ifndef HZ_MAX_SLOTS
 #define HZ_MAX_SLOTS 32
 #endif
-// Interfaces are found by ifindex modulo this (an array lookup is inlined by
-// the verifier; a hash lookup is not). The agent refuses two watched
-// interfaces that collide.
-#define HZ_IF_TABLE 4096
 #define HZ_CLASSES 8
 #define HZ_DIRS 2
+// DSCP d's class is in bits 4*(d%16) of word d/16; the default is the IP
+// precedence, d >> 3.
+#ifndef HZ_DSCP_W0
+#define HZ_DSCP_W0 0x1111111100000000ULL
+#define HZ_DSCP_W1 0x3333333322222222ULL
+#define HZ_DSCP_W2 0x5555555544444444ULL
+#define HZ_DSCP_W3 0x7777777766666666ULL
+#endif
 
 enum { HZ_BYTES = 0, HZ_PACKETS = 1, HZ_ECT = 2, HZ_CE = 3, HZ_FIELDS = 4 };
-
-struct hz_if {
-    u32 ifindex;     // 0: not watched
-    u32 slot;        // index into hz_link_counters
-    u32 l2_len;      // bytes before the IP header: 14 on Ethernet, 0 on raw IP links
-    u8 dscp_class[64];
-};
 
 struct hz_counters {
     u64 v[HZ_DIRS][HZ_CLASSES][HZ_FIELDS];
 };
 
 BPF_PERCPU_ARRAY(hz_link_counters, struct hz_counters, HZ_MAX_SLOTS);
-BPF_ARRAY(hz_if_table, struct hz_if, HZ_IF_TABLE);
 
 // Reads two bytes at `off`, directly where the packet data is linear (the
 // common case), else through the helper.
@@ -62,8 +64,8 @@ static __always_inline int hz_load2(struct __sk_buff *skb, u32 off, u8 *out) {
     return bpf_skb_load_bytes(skb, off, out, 2);
 }
 
-// Bytes of L2+L3+L4 headers, which every segment of a GSO packet repeats.
-// Only called for GSO packets (segs > 1), so the loads are amortised.
+// Bytes of L2+L3+L4 headers, which every segment of a GSO packet repeats,
+// through the helper (see hz_parse for the common case).
 static __always_inline u32 hz_header_len(struct __sk_buff *skb, u32 l2_len, int v6) {
     u8 b[2] = {0, 0};
     u32 l3_len, proto;
@@ -90,34 +92,73 @@ static __always_inline u32 hz_header_len(struct __sk_buff *skb, u32 l2_len, int 
     return 0;
 }
 
-static __always_inline int hz_count(struct __sk_buff *skb, u32 dir) {
-    u32 key = skb->ifindex % HZ_IF_TABLE;
-    struct hz_if *iface = hz_if_table.lookup(&key);
-    if (!iface || iface->ifindex != skb->ifindex)
-        return TC_ACT_UNSPEC;
-    u32 l2_len = iface->l2_len > 64 ? 0 : iface->l2_len;
+// TOS byte and, for a GSO packet, its header length, through the helper: for the
+// rare packet whose headers are not all in its linear part.
+static __always_inline u32 hz_parse_slow(struct __sk_buff *skb, u32 l2_len, int v6, int gso,
+                                         u8 *tos) {
     u8 hdr[2] = {0, 0};
-    u8 tos = 0;
-    int v6 = 0;
-    if (skb->protocol == bpf_htons(ETH_P_IP)) {
-        if (hz_load2(skb, l2_len, hdr) == 0)
-            tos = hdr[1];
-    } else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-        v6 = 1;
+    if (hz_load2(skb, l2_len, hdr) == 0)
+        *tos = v6 ? ((hdr[0] & 0x0f) << 4) | (hdr[1] >> 4) : hdr[1];
+    return gso ? hz_header_len(skb, l2_len, v6) : 0;
+}
+
+// The same, read straight from the packet where its IP (and, for GSO, transport)
+// header is in the linear part, which is nearly always: one bounds check per
+// header instead of one per field.
+static __always_inline u32 hz_parse(struct __sk_buff *skb, u32 l2_len, int v6, int gso,
+                                    u8 *tos) {
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    u8 *ip = data + l2_len;
+    u32 l3_len, proto;
+    if (!v6) {
+        if ((void *)(ip + 20) > end)
+            return hz_parse_slow(skb, l2_len, v6, gso, tos);
+        *tos = ip[1];
+        if (!gso)
+            return 0;
+        l3_len = (ip[0] & 0x0f) * 4;
+        proto = ip[9];
+    } else {
+        if ((void *)(ip + 40) > end)
+            return hz_parse_slow(skb, l2_len, v6, gso, tos);
         // The traffic class straddles the first two bytes of the IPv6 header.
-        if (hz_load2(skb, l2_len, hdr) == 0)
-            tos = ((hdr[0] & 0x0f) << 4) | (hdr[1] >> 4);
+        *tos = ((ip[0] & 0x0f) << 4) | (ip[1] >> 4);
+        if (!gso)
+            return 0;
+        l3_len = 40;  // extension headers are rare on GSO traffic; not followed
+        proto = ip[6];
     }
-    u32 cls = iface->dscp_class[(tos >> 2) & 63] & (HZ_CLASSES - 1);
-    u32 slot = iface->slot;
+    if (proto == 17)  // UDP
+        return l2_len + l3_len + 8;
+    if (proto != 6)
+        return 0;
+    u8 *tcp = ip + l3_len;
+    if ((void *)(tcp + 13) > end)  // TCP's data offset, in 32-bit words
+        return hz_parse_slow(skb, l2_len, v6, gso, tos);
+    return l2_len + l3_len + (tcp[12] >> 4) * 4;
+}
+
+static __always_inline u32 hz_class(u32 dscp) {
+    u64 word = dscp < 16 ? HZ_DSCP_W0 : dscp < 32 ? HZ_DSCP_W1 : dscp < 48 ? HZ_DSCP_W2
+                                                                          : HZ_DSCP_W3;
+    return (word >> ((dscp & 15) * 4)) & (HZ_CLASSES - 1);
+}
+
+// `slot` and `l2_len` are constants of the calling program (see the top).
+static __always_inline int hz_count(struct __sk_buff *skb, u32 dir, u32 slot, u32 l2_len) {
     struct hz_counters *c = hz_link_counters.lookup(&slot);
     if (!c)
         return TC_ACT_UNSPEC;
     u64 segs = skb->gso_segs ? skb->gso_segs : 1;
     u64 bytes = skb->len;
-    if (segs > 1)
-        bytes += (segs - 1) * hz_header_len(skb, l2_len, v6);
-    u64 *v = c->v[dir & 1][cls];
+    u8 tos = 0;
+    u32 protocol = skb->protocol;
+    if (protocol == bpf_htons(ETH_P_IP) || protocol == bpf_htons(ETH_P_IPV6)) {
+        u32 hdr_len = hz_parse(skb, l2_len, protocol == bpf_htons(ETH_P_IPV6), segs > 1, &tos);
+        bytes += (segs - 1) * hdr_len;
+    }
+    u64 *v = c->v[dir & 1][hz_class((tos >> 2) & 63)];
     v[HZ_BYTES] += bytes;
     v[HZ_PACKETS] += segs;
     if (tos & 3) {
@@ -128,5 +169,4 @@ static __always_inline int hz_count(struct __sk_buff *skb, u32 dir) {
     return TC_ACT_UNSPEC;
 }
 
-int hz_tc_ingress(struct __sk_buff *skb) { return hz_count(skb, 0); }
-int hz_tc_egress(struct __sk_buff *skb) { return hz_count(skb, 1); }
+// The programs, one pair per watched interface, follow (appended at load).

@@ -73,6 +73,7 @@ class HostRecord:
             health=summary.health if summary else Health.HEALTHY,
             gpus=summary.gpus if summary else GpuCounts(),
             links=summary.links if summary else (),
+            energy=summary.energy if summary else (),
         )
 
 
@@ -126,6 +127,13 @@ class Cluster:
             if record.alive:
                 self._may_fall_silent(record)
         self.changed = True
+
+    def bind(self, conn: bytes, host_id: str) -> None:
+        """Take ``conn`` as the known host's connection without a hello (cluster mode: the
+        leader hears every host on the bus, where it said hello long before)."""
+        if host_id in self.hosts:
+            self.bindings[conn] = host_id
+            self.conn_of[host_id] = conn
 
     def receive(self, conn: bytes, env: Envelope, now: float) -> list[Reply]:
         body = env.body

@@ -11,8 +11,16 @@ from typing import Annotated, ClassVar
 from controller.agreement import AgreementSettings
 from controller.redaction import RedactionConfig
 from harmonaize import config
-from harmonaize.config import AbsPath, Endpoint, LogLevel, MetricsSection
-from harmonaize.schema import Name, Num
+from harmonaize.config import (
+    AbsPath,
+    Endpoint,
+    ListenAddress,
+    LogLevel,
+    MetricsSection,
+    OptionalPath,
+    split_address,
+)
+from harmonaize.schema import Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")
 
@@ -76,6 +84,80 @@ class AuthSection:
     keys_dir: AbsPath = "/etc/harmonaize/keys"
 
 
+Origin = Annotated[str, Str(max_len=256, pattern=r"https?://[A-Za-z0-9.\[\]:-]+",
+                            expected="an origin: http(s)://HOST[:PORT]")]
+
+
+@dataclass(frozen=True)
+class GatewaySection:
+    """``[gateway]``: the tenant feed over HTTP (docs/wire.md)."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    #: HOST:PORT the HTTP gateway listens on, e.g. "0.0.0.0:7443"; empty: no gateway.
+    listen: ListenAddress = ""
+    #: PEM certificate chain and its key, to serve HTTPS; empty: plain HTTP (only behind
+    #: a proxy that terminates TLS, or on loopback).
+    tls_cert: OptionalPath = ""
+    tls_key: OptionalPath = ""
+    #: PEM bundle of the CA whose client certificates are accepted (the subject's common
+    #: name is the tenant); empty: tokens only. Needs tls_cert.
+    client_ca: OptionalPath = ""
+    #: Origins whose pages may read the feed and send requests with their credentials
+    #: (browser dashboards); none by default.
+    cors_origins: Annotated[tuple[Origin, ...], Len(64)] = ()
+    #: The ``source`` of every CloudEvent the gateway sends.
+    source: Annotated[str, Str(max_len=256, min_len=1)] = "/harmonaize/feed"
+    #: Seconds between keep-alive comments on a quiet stream (proxies drop idle ones).
+    keepalive: Annotated[float, Num(1.0, 300.0)] = 15.0
+    #: Streams open at once, over all tenants and per tenant.
+    max_streams: Annotated[int, Num(1, 100_000)] = 1000
+    streams_per_tenant: Annotated[int, Num(1, 10_000)] = 16
+
+    def __post_init__(self) -> None:
+        if self.listen and split_address(self.listen)[1] == 0:
+            raise ValueError("listen needs a port from 1 to 65535")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.client_ca and not self.tls_cert:
+            raise ValueError("client_ca needs tls_cert (client certificates need TLS)")
+
+
+NatsUrl = Annotated[str, Str(max_len=256, pattern=r"(nats|tls)://[A-Za-z0-9_.\[\]:-]+:[0-9]{1,5}",
+                             expected="a NATS URL: nats://HOST:PORT or tls://HOST:PORT")]
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    """``[cluster]``: this controller as one replica of several over NATS JetStream
+    (docs/scaling.md). Off (the default): one controller, SQLite, nothing else to run."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    enabled: bool = False
+    #: This replica's name, unique in the cluster (shown in status; holds the leases).
+    replica: Name = ""
+    #: NATS servers of the JetStream cluster (any of them; the client finds the rest).
+    servers: Annotated[tuple[NatsUrl, ...], Len(32, min_len=1)] = ("nats://127.0.0.1:4222",)
+    #: A NATS credentials file (an account's user JWT and nkey seed), or ...
+    credentials: OptionalPath = ""
+    #: ... an nkey seed file whose public key the servers know; empty: neither.
+    nkey: OptionalPath = ""
+    #: Copies JetStream keeps of each stream and bucket (3 for a three-node cluster).
+    stream_replicas: Annotated[int, Num(1, 5)] = 3
+    #: Seconds the leader's lease, and a replica's presence, last without renewal: about
+    #: the longest the feed stands still when the leader dies.
+    lease: Annotated[float, Num(0.5, 60.0)] = 2.0
+    #: Seconds the agents' and the feed's streams keep messages (a replica down longer
+    #: begins its tenants' feed from what is left; the leader's log is kept whole).
+    retention: Annotated[float, Num(3600.0, 365 * 86400.0)] = 7 * 86400.0
+    #: Seconds between the leader's snapshots of its state (a new leader reads the last
+    #: one and the commits after it).
+    snapshot_interval: Annotated[float, Num(1.0, 86400.0)] = 60.0
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.replica:
+            raise ValueError("replica: a cluster replica needs a name")
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     STRICT_KEYS: ClassVar[bool] = True
@@ -85,6 +167,8 @@ class ControllerConfig:
     redaction: RedactionConfig = field(default_factory=RedactionConfig)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    gateway: GatewaySection = field(default_factory=GatewaySection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     #: Multi-host tuning: how the controller agrees changes with a job's hosts.
     tuning: AgreementSettings = field(default_factory=AgreementSettings)
 
@@ -110,10 +194,12 @@ def reloaded(old: ControllerConfig,
         ("feed.socket_buffer", old.feed.socket_buffer, new.feed.socket_buffer),
         ("auth", old.auth, new.auth),
         ("metrics", old.metrics, new.metrics),
+        ("gateway", old.gateway, new.gateway),
+        ("cluster", old.cluster, new.cluster),
     ) if before != after]
     running = dataclasses.replace(
         new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level),
         feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
                                  socket_buffer=old.feed.socket_buffer),
-        auth=old.auth, metrics=old.metrics)
+        auth=old.auth, metrics=old.metrics, gateway=old.gateway, cluster=old.cluster)
     return running, later

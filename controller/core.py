@@ -48,12 +48,14 @@ from typing import TYPE_CHECKING, Any
 from controller.agreement import Agreement
 from controller.cluster import Cluster
 from controller.declarations import Declarations, for_host
+from controller.notices import Notice, Notices
 from controller.outputs import (
     AgentPeer,
     AnswerTenant,
     BadFrame,
     Commit,
     Delivery,
+    FeedEntry,
     Output,
     Peer,
     Prune,
@@ -68,14 +70,20 @@ from controller.redaction import Redactor
 from controller.types import Placement
 from harmonaize.messages import (
     Envelope,
+    ErrorCode,
     Hello,
     JobDeclaration,
     PoolCapacity,
     Reply,
     Resync,
     Subscribe,
+    Subscribed,
     TuningReport,
     TuningStatus,
+    ValidationAnswer,
+    ValidationNotice,
+    WireError,
+    decode,
 )
 
 if TYPE_CHECKING:  # the configuration module brings the metrics server's asyncio along
@@ -100,6 +108,11 @@ class ControllerCore:
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(list(restored.hosts), now)
         self.redactor = Redactor(cfg.redaction, rng or random.Random())
+        for topic, (_, frame, _) in restored.latest.items():
+            try:
+                self.redactor.restore(topic, decode(frame).body)
+            except WireError as exc:  # written by another version: published anew
+                log.warning("feed topic %s: its stored condition is unreadable: %s", topic, exc)
         #: Multi-host jobs' tuning: two-phase changes every host applies alike.
         self.agreement = Agreement(cfg.tuning)
         for job, state in restored.tuning.items():
@@ -111,8 +124,9 @@ class ControllerCore:
             self.redactor.place(placement)
             self.agreement.set_hosts(placement.job, placement.hosts)
         self.declarations = Declarations(restored.declarations)
+        self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
-                                 restored.feed_epoch)
+                                 restored.feed_epoch, dict(restored.feed_offsets))
         self.frames = 0
         self.rejected: Counter[str] = Counter()
         self._reject_window = (-math.inf, 0)
@@ -159,6 +173,7 @@ class ControllerCore:
             self._next_republish = now + self.cfg.feed.republish
         if now >= self._next_prune:
             self._held.append(Prune(self.cfg.feed.retention))
+            self.notices.expire(wall)
             self._next_prune = now + FEED_PRUNE_INTERVAL
         return self._release()
 
@@ -175,6 +190,29 @@ class ControllerCore:
     def delivered(self, send: SendToTenant | AnswerTenant, outcome: Delivery) -> None:
         """How sending to a tenant went (counted per subscriber; a gone one is dropped)."""
         self.feed.delivered(send, outcome)
+
+    def attach(self, peer: TenantPeer, topics: tuple[str, ...], now: float
+               ) -> Subscribed | None:
+        """A stream subscribes for as long as it is connected (the HTTP gateway's); the
+        answer, or None when the tenant is over its request budget."""
+        self._now = now
+        return self.feed.attach(peer, topics, now)
+
+    def accept_feed(self, entries: list[FeedEntry], now: float) -> list[Output]:
+        """Publications a cluster's leader numbered: a Commit of them, then their sends
+        to this replica's subscribers."""
+        self._now = now
+        self._held += self.feed.accept(entries)
+        return self._release()
+
+    def detach(self, peer: bytes) -> None:
+        """The stream's connection ended."""
+        self.feed.hub.drop([peer])
+
+    def replay_allowance(self, tenant: str, want: int, now: float) -> int:
+        """How many retained messages the tenant may be sent again now (its budget is
+        the same on every transport)."""
+        return self.feed.hub.replay_allowance(tenant, want, now)
 
     def place(self, placement: Placement, now: float, wall: float) -> list[Output]:
         """The scheduler placed a job (or moved it): what tenants see follows at once."""
@@ -201,6 +239,7 @@ class ControllerCore:
         self._withdraw(job)
         self._placements[job] = None
         self.redactor.remove_job(job)
+        self.notices.forget_job(job)
         self.agreement.forget(job)
         self._agree(now)  # its stored tuning state goes too
         return self._release()
@@ -263,9 +302,11 @@ class ControllerCore:
         advisories, self.cluster.advisories = self.cluster.advisories, []
         for host_id, advisory in advisories:
             declared = self.declarations.get(advisory.job)
-            refused = self.redactor.advisory(
-                host_id, advisory, now, wall,
-                max_pause=declared[1].max_validation_pause if declared else None)
+            max_pause = declared[1].max_validation_pause if declared else None
+            if isinstance(advisory, ValidationNotice):
+                refused = self._notice(host_id, advisory, declared, now, wall)
+            else:
+                refused = self.redactor.advisory(host_id, advisory, now, wall, max_pause)
             if refused is not None:
                 # Acknowledged to the host (it was delivered) but not passed on: a host
                 # speaking for a job it does not run, or beyond what the job allows.
@@ -282,6 +323,26 @@ class ControllerCore:
                 log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
                          body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
             self._held += self.feed.publish(body, publication.topic, wall)
+
+    def _notice(self, host_id: str, notice: ValidationNotice,
+                declared: tuple[str, JobDeclaration] | None, now: float,
+                wall: float) -> str | None:
+        """A host's validation notice under the controller's own id, with what the tenant
+        may still do about it; why it is not passed on, if it is not."""
+        max_defer = declared[1].max_validation_defer if declared else 0.0
+        # Hosts before answerable notices sent no plan id: each notice stands alone.
+        plan = notice.id or f"@{notice.starts_at}"
+        notice_id = self.notices.id_for(host_id, plan, notice.job)
+        body = self.redactor.notice(
+            host_id, notice, now, wall, declared[1].max_validation_pause if declared else None,
+            notice_id=notice_id, defer_seconds=self.notices.defer_left(notice_id, max_defer),
+            max_defer=max_defer)
+        if isinstance(body, str):
+            return body
+        tenant = self.redactor.placements[notice.job].tenant
+        self.notices.record(Notice(notice_id, tenant, notice.job, host_id, plan, body.status,
+                                   body.not_before, body.pause_seconds))
+        return None
 
     def _agree(self, now: float) -> None:
         """Reports and acknowledgements from the job's own hosts in; arms and resolves
@@ -333,8 +394,11 @@ class ControllerCore:
             stats["bad_request"] += 1
             if message.reason == "framing":
                 return []  # nothing to answer: not one request
+            # A readable envelope (its number known) with a wrong field, or not a frame.
+            code = ErrorCode.INVALID if message.seq else ErrorCode.MALFORMED
             return [AnswerTenant(peer.peer, Reply(message.seq, False,
-                                                  f"rejected: {message.detail}"[:1000]))]
+                                                  f"rejected: {message.detail}"[:1000],
+                                                  code.value))]
         if not self.feed.hub.admit(peer.tenant, now):
             # Over the tenant's request budget: dropped (a renewal comes again).
             stats["throttled_requests"] += 1
@@ -345,18 +409,24 @@ class ControllerCore:
             return self.feed.subscribe(peer, body, now)
         if isinstance(body, JobDeclaration):
             error = self._declare(peer.tenant, body)
-            self._held.append(AnswerTenant(peer.peer, Reply(message.seq, error is None,
-                                                            error or "")))
-            return self._release()
-        return []
+        elif isinstance(body, ValidationAnswer):
+            error = self._answer_notice(peer.tenant, body)
+        else:
+            return []
+        # After the Commit that stores what it changed: "ok" means it is kept.
+        self._held.append(AnswerTenant(peer.peer, Reply(
+            message.seq, error is None, error[1] if error else "",
+            error[0].value if error else "")))
+        return self._release()
 
-    def _declare(self, tenant: str, declaration: JobDeclaration) -> str | None:
+    def _declare(self, tenant: str,
+                 declaration: JobDeclaration) -> tuple[ErrorCode, str] | None:
         """Take and forward a tenant's declaration; the error for the tenant, if any."""
         error = self.declarations.refusal(tenant, declaration,
                                           self.redactor.placements.get(declaration.job))
         if error is not None:
             self.feed.stats["refused_declarations"] += 1
-            log.warning("refused a declaration from %r: %s", tenant or "(no key)", error)
+            log.warning("refused a declaration from %r: %s", tenant or "(no key)", error[1])
             return error
         if declaration.withdrawn:
             self._withdraw(declaration.job)
@@ -364,6 +434,28 @@ class ControllerCore:
         self.declarations.put(tenant, declaration)
         self.feed.stats["declarations"] += 1
         self._forward(declaration)
+        return None
+
+    def _answer_notice(self, tenant: str,
+                       answer: ValidationAnswer) -> tuple[ErrorCode, str] | None:
+        """A tenant's answer to a validation notice, for the host that planned it."""
+        notice = self.notices.get(answer.notice)
+        declared = self.declarations.get(notice.job) if notice is not None else None
+        max_defer = (declared[1].max_validation_defer
+                     if declared is not None and declared[0] == tenant else 0.0)
+        result = self.notices.answer(tenant, answer, max_defer)
+        if isinstance(result, tuple):
+            self.feed.stats["refused_notice_answers"] += 1
+            log.warning("refused an answer to a validation notice from %r: %s",
+                        tenant or "(no key)", result[1])
+            return result
+        assert notice is not None
+        self.feed.stats["notice_answers"] += 1
+        log.info("job %s: validation notice %s: %s", notice.job, notice.id,
+                 answer.action.value)
+        conn = self.cluster.conn_of.get(notice.host)
+        if conn is not None:  # else at the host's next hello
+            self._held.append(SendToAgent(conn, result))
         return None
 
     def _hosts_of(self, job: str) -> frozenset[str]:
@@ -392,6 +484,8 @@ class ControllerCore:
             if host_id in self._hosts_of(declaration.job):
                 placement = self.redactor.placements.get(declaration.job)
                 out.append(SendToAgent(conn, for_host(declaration, placement)))
+        # Tenants' answers to its notices, which the host may not have had.
+        out += [SendToAgent(conn, decision) for decision in self.notices.of_host(host_id)]
         return out
 
     # --- commits and deadlines ---------------------------------------------------------
@@ -399,11 +493,14 @@ class ControllerCore:
     def _release(self) -> list[Output]:
         """A Commit of everything changed, then every held send."""
         records, events = self.cluster.take_dirty()
-        seqs, entries = self.feed.take_dirty()
+        seqs, entries, offsets = self.feed.take_dirty()
         placements, self._placements = self._placements, {}
         tuning, self._tuning = self._tuning, {}
-        writes = Writes(tuple(dataclasses.replace(r) for r in records), tuple(events), seqs,
-                        entries, self.declarations.take_dirty(), placements, tuning)
+        writes = Writes(hosts=tuple(dataclasses.replace(r) for r in records),
+                        events=tuple(events), feed_seqs=seqs, feed_log=entries,
+                        feed_offsets=offsets, declarations=self.declarations.take_dirty(),
+                        placements=placements, tuning=tuning,
+                        notices=self.notices.take_dirty())
         out: list[Output] = [Commit(writes)] if writes else []
         out += self._held
         self._held = []

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from controller.types import Placement
-from harmonaize.messages import JobDeclaration
+from harmonaize.messages import ErrorCode, JobDeclaration
 
 
 def for_host(declaration: JobDeclaration, placement: Placement | None) -> JobDeclaration:
@@ -29,19 +29,23 @@ class Declarations:
         return self.by_job.get(job)
 
     def refusal(self, tenant: str, declaration: JobDeclaration,
-                placement: Placement | None) -> str | None:
-        """Why the tenant's declaration is refused (its answer); None if it is taken."""
+                placement: Placement | None) -> tuple[ErrorCode, str] | None:
+        """Why the tenant's declaration is refused (a code and its answer); None if taken."""
         if not tenant:
-            return "not authenticated: declarations need a tenant key"
+            return (ErrorCode.NOT_AUTHENTICATED,
+                    "not authenticated: declarations need a tenant key")
         if placement is None or placement.tenant != tenant:
             # The same answer for "not yours" and "no such job": no probing for job ids.
-            return f"no job {declaration.job!r} of yours is placed"
+            return ErrorCode.NOT_PLACED, f"no job {declaration.job!r} of yours is placed"
         if declaration.group:
-            return "declaration.group: set by the provider's placement, not by a tenant"
+            return (ErrorCode.PROVIDER_FIELD,
+                    "job-declaration.group: set by the provider's placement, not by a "
+                    "tenant")
         current = self.by_job.get(declaration.job)
         if current is not None and declaration.revision < current[1].revision:
             # Agents ignore an older revision too: acknowledging it would say it applies.
-            return (f"revision {declaration.revision} is older than revision "
+            return (ErrorCode.STALE_REVISION,
+                    f"revision {declaration.revision} is older than revision "
                     f"{current[1].revision} in force: ignored (declare a higher one)")
         return None
 

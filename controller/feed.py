@@ -9,7 +9,7 @@ publication, which connections get it. The rules:
 * ``job/<tenant>/...`` only to that tenant, and only with the slash, so
   ``job/acme`` cannot reach ``job/acme2/``;
 * anything else -- ``""``, ``job/``, another tenant's jobs -- is refused, with
-  the reason, and counted.
+  a code (:class:`~harmonaize.messages.ErrorCode`) and the reason, and counted.
 
 A subscription lapses unless it is renewed within ``renew`` seconds, so the
 table stays bounded by live tenants, whatever they do.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from harmonaize.messages import Position, Refusal, Subscribe, Subscribed
+from harmonaize.messages import ErrorCode, Position, Refusal, Subscribe, Subscribed
 
 POOL_PREFIX = "pool/"
 JOB_PREFIX = "job/"
@@ -28,20 +28,38 @@ JOB_PREFIX = "job/"
 MAX_PER_TENANT = 256
 
 
-def refusal(tenant: str, prefix: str) -> str | None:
-    """Why ``tenant`` may not subscribe to ``prefix``; None if it may."""
+def refusal(tenant: str, prefix: str) -> tuple[ErrorCode, str] | None:
+    """Why ``tenant`` may not subscribe to ``prefix`` (a code and words); None if it may."""
     if prefix.startswith(POOL_PREFIX):
         return None
     if not tenant:
-        return "not authenticated: job topics need a tenant key"
+        return (ErrorCode.NOT_AUTHENTICATED,
+                "not authenticated: job topics need a tenant key")
     if prefix.startswith(f"{JOB_PREFIX}{tenant}/"):
         return None
+    if POOL_PREFIX.startswith(prefix) or f"{JOB_PREFIX}{tenant}/".startswith(prefix):
+        # "", "job/", "job/acme": above what is yours, so other tenants' topics too.
+        return (ErrorCode.TOO_BROAD,
+                f"too broad: subscribe to {POOL_PREFIX} or {JOB_PREFIX}{tenant}/")
     if prefix.startswith(JOB_PREFIX):
-        return "not your job" if prefix.count("/") >= 2 else \
-            f"job topics only under job/{tenant}/"
-    if POOL_PREFIX.startswith(prefix) or JOB_PREFIX.startswith(prefix):
-        return f"too broad: subscribe to {POOL_PREFIX} or {JOB_PREFIX}{tenant}/"
-    return "no such topic"
+        return ErrorCode.NOT_YOUR_JOB, "not your job"
+    return ErrorCode.NO_SUCH_TOPIC, "no such topic"
+
+
+def stream_of(topic: str) -> str:
+    """The stream a topic's publications are also counted in: ``pool`` for every pool
+    topic (every tenant may see them all), ``job/<tenant>`` for one tenant's job topics.
+    A stream's count (its offset) says nothing about anyone else's topics, so an HTTP
+    client's cursor can be a pair of them instead of a position per topic."""
+    if topic.startswith(POOL_PREFIX):
+        return "pool"
+    parts = topic.split("/", 2)
+    return f"{parts[0]}/{parts[1]}" if len(parts) > 2 else topic
+
+
+def streams_of(tenant: str) -> tuple[str, str]:
+    """The streams a tenant may see: the pools', and its own jobs'."""
+    return "pool", f"{JOB_PREFIX}{tenant}"
 
 
 def may_see(tenant: str, topic: str) -> bool:
@@ -155,11 +173,12 @@ class FeedHub:
         for prefix in dict.fromkeys(request.topics):
             why = refusal(tenant, prefix)
             if why is None and self._count(tenant, peer) + len(accepted) >= MAX_PER_TENANT:
-                why = f"more than {MAX_PER_TENANT} subscriptions"
+                why = (ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                       f"more than {MAX_PER_TENANT} subscriptions")
             if why is None:
                 accepted.append(prefix)
             else:
-                refused.append(Refusal(prefix, why))
+                refused.append(Refusal(prefix, why[1], why[0].value))
         self.refused += len(refused)
         old = self.subscribers.get(peer)
         if accepted:

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from controller import config as controller_config
 from controller.server import ControllerServer
-from harmonaize import __version__
+from harmonaize import __version__, wireaudit
 from harmonaize.config import ConfigError
 from harmonaize.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:
+    wireaudit.install()  # only where HARMONAIZE_WIRE_AUDIT asks for it
     parser = argparse.ArgumentParser(
         prog="harmonaize-controller",
         description="HarmonAIze controller: ingests agents' aggregated events, keeps cluster "
@@ -38,7 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(cfg.controller.log_level.value)
     try:
-        server = ControllerServer(cfg, path, initialise=args.initialise)
+        if cfg.cluster.enabled:
+            from controller.replica import ReplicaServer  # noqa: PLC0415 - needs nats-py
+
+            server: ControllerServer = ReplicaServer(cfg, path, initialise=args.initialise)
+        else:
+            server = ControllerServer(cfg, path, initialise=args.initialise)
         return asyncio.run(server.run())
     except (RuntimeError, OSError) as exc:
         print(f"harmonaize-controller: {exc}", file=sys.stderr)

@@ -20,6 +20,7 @@ from harmonaize.messages import JobDeclaration, Message
 
 if TYPE_CHECKING:
     from controller.cluster import HostRecord, StoredEvent
+    from controller.notices import Notice
     from controller.types import Placement
 
 # --- inputs ----------------------------------------------------------------------------
@@ -61,12 +62,15 @@ class BadFrame:
 
 
 class FeedEntry(NamedTuple):
-    """One numbered publication as the feed log keeps it."""
+    """One numbered publication as the feed log keeps it: its topic's sequence number,
+    and its place in its stream (controller/feed.py:stream_of)."""
 
     topic: str
     seq: int
     condition: bool
     frame: bytes
+    stream: str = ""
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,16 +83,20 @@ class Writes:
     #: Each topic's newest sequence number.
     feed_seqs: Mapping[str, int] = field(default_factory=dict)
     feed_log: tuple[FeedEntry, ...] = ()
+    #: Each stream's newest offset.
+    feed_offsets: Mapping[str, int] = field(default_factory=dict)
     #: By job: (tenant, declaration), or None where it went.
     declarations: Mapping[str, tuple[str, JobDeclaration] | None] = field(default_factory=dict)
     #: By job: its placement, or None where it went.
     placements: Mapping[str, Placement | None] = field(default_factory=dict)
     #: By job: the agreement's snapshot, or None where it went.
     tuning: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    #: By notice id: what the tenant was told and answered, or None where it went.
+    notices: Mapping[str, Notice | None] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.hosts or self.events or self.feed_seqs or self.feed_log
-                    or self.declarations or self.placements or self.tuning)
+                    or self.declarations or self.placements or self.tuning or self.notices)
 
 
 @dataclass(frozen=True)
@@ -99,11 +107,14 @@ class Restored:
     tuning: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     placements: tuple[Placement, ...] = ()
     feed_seqs: Mapping[str, int] = field(default_factory=dict)
-    #: Each topic's newest condition: (seq, frame).
-    latest: Mapping[str, tuple[int, bytes]] = field(default_factory=dict)
+    #: Each topic's newest condition: (seq, frame, offset in its stream).
+    latest: Mapping[str, tuple[int, bytes, int]] = field(default_factory=dict)
     declarations: tuple[tuple[str, JobDeclaration], ...] = ()
     #: The database's feed epoch (a database begun anew has another one).
     feed_epoch: int = 0
+    notices: tuple[Notice, ...] = ()
+    #: Each stream's newest offset.
+    feed_offsets: Mapping[str, int] = field(default_factory=dict)
 
 
 # --- outputs ---------------------------------------------------------------------------
@@ -130,6 +141,9 @@ class SendToTenant:
     peer: bytes
     topic: str
     frame: bytes
+    #: Its place in its stream; 0 when sent again (a republication, the present for a
+    #: late joiner), which a stream with a cursor already has or was given otherwise.
+    offset: int = 0
 
 
 @dataclass(frozen=True)

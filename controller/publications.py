@@ -17,10 +17,12 @@ one tenant may cost.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from controller.feed import Budgets, FeedHub
+from controller.feed import Budgets, FeedHub, may_see, stream_of
 from controller.outputs import (
     AnswerTenant,
     Delivery,
@@ -30,7 +32,7 @@ from controller.outputs import (
     SendToTenant,
     TenantPeer,
 )
-from harmonaize.messages import Category, Message, Subscribe, encode
+from harmonaize.messages import Category, Message, Position, Subscribe, Subscribed, encode
 
 if TYPE_CHECKING:  # the configuration module brings the metrics server's asyncio along
     from controller.config import FeedSection
@@ -47,12 +49,16 @@ def budgets(feed: FeedSection) -> Budgets:
 
 class Publications:
     def __init__(self, cfg: FeedSection, seqs: dict[str, int],
-                 latest: dict[str, tuple[int, bytes]], epoch: int) -> None:
+                 latest: dict[str, tuple[int, bytes, int]], epoch: int,
+                 offsets: dict[str, int] | None = None) -> None:
         self.cfg = cfg
         self.seqs = seqs
-        #: Each topic's newest condition (seq, frame).
+        #: Each topic's newest condition (seq, frame, offset).
         self.latest = latest
         self.epoch = epoch
+        #: Each stream's newest offset (controller/feed.py:stream_of).
+        self.offsets = offsets if offsets is not None else {}
+        self._dirty_offsets: dict[str, int] = {}
         self.hub = FeedHub(renew=cfg.renew, budgets=budgets(cfg))
         #: Feed and request counters (controller/selfmetrics.py names them).
         self.stats: Counter[str] = Counter()
@@ -70,23 +76,47 @@ class Publications:
         """Number, encode and stage one publication; its sends, for after the commit."""
         seq = self.seqs[topic] = self.seqs.get(topic, 0) + 1
         self._dirty[topic] = seq
+        stream = stream_of(topic)
+        offset = self.offsets[stream] = self._dirty_offsets[stream] = \
+            self.offsets.get(stream, 0) + 1
         frame = encode(body, sender=SENDER, seq=seq, now=wall)
         condition = body.CATEGORY is Category.CONDITION
         if condition:
-            self.latest[topic] = (seq, frame)
-        self._log.append(FeedEntry(topic, seq, condition, frame))
+            self.latest[topic] = (seq, frame, offset)
+        self._log.append(FeedEntry(topic, seq, condition, frame, stream, offset))
         self.stats["published"] += 1
-        return [SendToTenant(sub.peer, topic, frame) for sub in self.hub.targets(topic)]
+        return [SendToTenant(sub.peer, topic, frame, offset)
+                for sub in self.hub.targets(topic)]
+
+    def accept(self, entries: list[FeedEntry]) -> list[SendToTenant]:
+        """Publications numbered elsewhere (a cluster's leader): kept as numbered, each
+        once (one already had is skipped), and sent to this replica's subscribers."""
+        sends: list[SendToTenant] = []
+        for entry in entries:
+            if entry.seq <= self.seqs.get(entry.topic, 0):
+                continue  # had it (a leader that took over published it again)
+            self.seqs[entry.topic] = self._dirty[entry.topic] = entry.seq
+            if entry.offset > self.offsets.get(entry.stream, 0):
+                self.offsets[entry.stream] = self._dirty_offsets[entry.stream] = entry.offset
+            if entry.condition:
+                self.latest[entry.topic] = (entry.seq, entry.frame, entry.offset)
+            self._log.append(entry)
+            self.stats["published"] += 1
+            sends += [SendToTenant(sub.peer, entry.topic, entry.frame, entry.offset)
+                      for sub in self.hub.targets(entry.topic)]
+        return sends
 
     def republish(self) -> list[SendToTenant]:
         """Every condition again as it was (same sequence number)."""
         return [SendToTenant(sub.peer, topic, frame)
-                for topic, (_, frame) in self.latest.items() for sub in self.hub.targets(topic)]
+                for topic, (_, frame, _) in self.latest.items()
+                for sub in self.hub.targets(topic)]
 
-    def take_dirty(self) -> tuple[dict[str, int], tuple[FeedEntry, ...]]:
+    def take_dirty(self) -> tuple[dict[str, int], tuple[FeedEntry, ...], dict[str, int]]:
         dirty, self._dirty = self._dirty, {}
         entries, self._log = tuple(self._log), []
-        return dirty, entries
+        offsets, self._dirty_offsets = self._dirty_offsets, {}
+        return dirty, entries, offsets
 
     # --- subscribers -----------------------------------------------------------------------
 
@@ -101,7 +131,12 @@ class Publications:
                         refusal.topic, refusal.reason)
         if new:
             self.stats["subscriptions"] += 1
-        out: list[Output] = [AnswerTenant(peer.peer, result.reply)]
+        # Where a resume asks for more than is retained, the answer says what is left, so
+        # the client counts the loss at once instead of waiting for it.
+        oldest = tuple(Position(topic, first) for topic, after in result.replay
+                       if after < (first := self._retained_from(topic)) - 1)
+        out: list[Output] = [AnswerTenant(peer.peer, replace(result.reply,
+                                                             oldest=oldest[:1024]))]
         if peer.peer not in hub.subscribers:
             return out
         for topic in result.conditions:  # a late joiner gets the present at once
@@ -111,7 +146,7 @@ class Publications:
         chunk = min(self.cfg.retention, max(1, self.cfg.send_hwm // 2))
         for topic, after in result.replay:
             newest = self.seqs.get(topic, 0)
-            retained_from = newest - self.cfg.retention + 1
+            retained_from = self._retained_from(topic)
             wanted = min(chunk, newest - max(after, retained_from - 1))
             allowed = hub.replay_allowance(tenant, wanted, now) if wanted > 0 else 0
             if allowed < wanted:
@@ -122,6 +157,41 @@ class Publications:
             self.stats["replayed_messages"] += allowed
             out.append(Replay(peer.peer, topic, after, allowed, retained_from))
         return out
+
+    def _retained_from(self, topic: str) -> int:
+        """The oldest sequence number of ``topic`` that is still retained."""
+        return max(1, self.seqs.get(topic, 0) - self.cfg.retention + 1)
+
+    def attach(self, peer: TenantPeer, topics: tuple[str, ...],
+               now: float) -> Subscribed | None:
+        """A stream (the HTTP gateway's) subscribes for as long as it is connected: no
+        renewals, no replay here (it reads the log from its cursor itself). None: over
+        the tenant's request budget."""
+        hub = self.hub
+        self.stats["requests"] += 1
+        if not hub.admit(peer.tenant, now):
+            self.stats["throttled_requests"] += 1
+            return None
+        result = hub.subscribe(peer.peer, peer.tenant, Subscribe(topics), now, self.seqs,
+                               epoch=self.epoch)
+        for refusal in result.reply.refused:
+            self.stats["refused_subscriptions"] += 1
+            log.warning("refused tenant %r a subscription to %r: %s",
+                        peer.tenant or "(no key)", refusal.topic, refusal.reason)
+        sub = hub.subscribers.get(peer.peer)
+        if sub is not None:
+            sub.renew_by = math.inf  # it ends when the connection does (detach)
+            self.stats["subscriptions"] += 1
+        return result.reply
+
+    def present(self, tenant: str, prefixes: tuple[str, ...]
+                ) -> list[tuple[str, int, bytes, int]]:
+        """The newest condition of every topic the tenant may see under ``prefixes``:
+        (topic, seq, frame, offset), oldest first."""
+        return sorted(((topic, seq, frame, offset)
+                       for topic, (seq, frame, offset) in self.latest.items()
+                       if may_see(tenant, topic) and topic.startswith(prefixes)),
+                      key=lambda item: item[3])
 
     def expire(self, now: float) -> None:
         for sub in self.hub.expire(now):

@@ -37,6 +37,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ from controller import selfmetrics, views
 from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
 from controller.config import AuthMode, ControllerConfig
 from controller.core import ControllerCore
+from controller.gateway.http import Gateway
+from controller.gateway.tokens import TokenBook, TokenError, Tokens
 from controller.handshakes import HANDSHAKE_TIMEOUT_MS, PortWatch
 from controller.handshakes import watch as watch_handshakes
 from controller.limits import descriptors, raise_descriptor_limit
@@ -75,6 +78,7 @@ from harmonaize.messages import (
     MAX_FRAME,
     TENANT_KINDS,
     Envelope,
+    Reply,
     WireError,
     decode,
     encode,
@@ -88,6 +92,8 @@ log = logging.getLogger("harmonaize.controller")
 
 #: Frames handled per batch before committing and acknowledging.
 BATCH = 2000
+#: The core's name for a tenant's ZeroMQ connection: this, then its routing id.
+ZMQ_PEER = b"z"
 
 
 def _sent(future: Any) -> BaseException | None:
@@ -117,6 +123,9 @@ def _decoded(frames: list[zmq.Frame], kinds: frozenset[str], *,
 
 
 class ControllerServer:
+    #: Commits must survive an OS crash (a cluster replica's database is only a cache).
+    DURABLE = True
+
     def __init__(self, cfg: ControllerConfig, cfg_path: Path | None = None, *,
                  initialise: bool = False) -> None:
         self.cfg = cfg
@@ -126,7 +135,8 @@ class ControllerServer:
         self.metrics: MetricsServer | None = None
         self.notifier = Notifier()
         try:
-            self.store = Store(cfg.controller.database, initialise=initialise)
+            self.store = Store(cfg.controller.database, initialise=initialise,
+                               durable=self.DURABLE)
         except StoreError as exc:
             raise RuntimeError(f"controller.database: {exc}") from None
         self.core = ControllerCore(cfg, time.monotonic(), self.store.restored(),
@@ -136,9 +146,15 @@ class ControllerServer:
         #: Set when input may have moved the core's next deadline.
         self._wake = asyncio.Event()
         self.router: zmq.asyncio.Socket | None = None
+        self._pair: keys.KeyPair | None = None
         self.tenants: zmq.asyncio.Socket | None = None
         self.zap: ZapHandler | None = None
         self.ports = {"agents": PortWatch("agent"), "feed": PortWatch("feed")}
+        #: Tenants over HTTP ([gateway]); None where it is off.
+        self.gateway: Gateway | None = None
+        self.anonymous = cfg.auth.mode is AuthMode.NONE
+        #: Tenants' HTTP gateway tokens (a cluster replica keeps them on its bus).
+        self.tokens: TokenBook = Tokens(self.store.db)
         self.admin = OperatorSocket(
             cfg.controller.admin_socket,
             self._commands(),
@@ -164,14 +180,8 @@ class ControllerServer:
         else:
             log.warning("auth.mode = none: anyone who reaches %s may send host state, and "
                         "tenants get pool topics only", self.cfg.controller.listen)
-        self.router = self._ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
-        # ZeroMQ drops a peer that sends a frame larger than this before we see it.
-        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
-        if pair is not None:
-            curve_server(self.router, pair, AGENTS)
-        _bind_or_say(self.router, "controller.listen", self.cfg.controller.listen)
+        self._pair = pair
+        self.router = self._agent_socket()
         self.tenants = self._ctx.socket(zmq.ROUTER)
         self.tenants.setsockopt(zmq.LINGER, 0)
         self.tenants.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
@@ -186,12 +196,26 @@ class ControllerServer:
             curve_server(self.tenants, pair, TENANTS)
         _bind_or_say(self.tenants, "controller.feed", self.cfg.controller.feed)
 
+    def _agent_socket(self) -> zmq.asyncio.Socket:
+        """The agents' ROUTER, bound (a cluster replica makes it again after its bus
+        came back)."""
+        router = self._ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
+        # ZeroMQ drops a peer that sends a frame larger than this before we see it.
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
+        if self._pair is not None:
+            curve_server(router, self._pair, AGENTS)
+        _bind_or_say(router, "controller.listen", self.cfg.controller.listen)
+        return router
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # the outcome is logged
         raise_descriptor_limit()
+        await self._prepare()
         self._bind()
         if self.zap is not None:
             self.zap.start()
@@ -199,6 +223,9 @@ class ControllerServer:
             await self.admin.start()
         except (OSError, RuntimeError) as exc:
             raise RuntimeError(f"controller.admin_socket: {one_line(exc)}") from None
+        if self.cfg.gateway.listen:
+            self.gateway = Gateway(self.cfg.gateway, self, hwm=self.cfg.feed.send_hwm)
+            await self.gateway.start()
         if self.cfg.metrics.listen:
             registry = Registry("harmonaize_controller")
             registry.register("controller", lambda: selfmetrics.collect(self))
@@ -209,15 +236,7 @@ class ControllerServer:
         self.notifier.ready(f"{hosts} known hosts")
         log.info("controller ready: agents on %s, feed on %s, %d known hosts",
                  self.cfg.controller.listen, self.cfg.controller.feed, hosts)
-        tasks = [
-            asyncio.create_task(self._ingest_loop(), name="ingest"),
-            asyncio.create_task(watch_handshakes(self.router, self.ports["agents"]),
-                                name="agent-port"),
-            asyncio.create_task(watch_handshakes(self.tenants, self.ports["feed"]),
-                                name="feed-port"),
-            asyncio.create_task(self._feed_loop(), name="feed"),
-            asyncio.create_task(self._timer_loop(), name="timer"),
-        ]
+        tasks = [asyncio.create_task(coro, name=name) for name, coro in self._loops()]
         stopper = asyncio.create_task(self._stop.wait())
         try:
             done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -231,10 +250,13 @@ class ControllerServer:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self.gateway is not None:
+                await self.gateway.close()
             self._execute(self.core.close())
             await self.admin.close()
             if self.metrics is not None:
                 await self.metrics.close()
+            await self._finish()
             for sock in (self.router, self.tenants):
                 if sock is not None:
                     sock.close()
@@ -248,6 +270,23 @@ class ControllerServer:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _prepare(self) -> None:
+        """Before the sockets are bound (a cluster replica connects to its bus here)."""
+
+    async def _finish(self) -> None:
+        """After the loops stopped, before the sockets close."""
+
+    def _loops(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
+        """The shell's loops: agents in, tenants in, the handshake watchers, the timer."""
+        assert self.router is not None and self.tenants is not None
+        return [
+            ("ingest", self._ingest_loop()),
+            ("agent-port", watch_handshakes(self.router, self.ports["agents"])),
+            ("feed-port", watch_handshakes(self.tenants, self.ports["feed"])),
+            ("feed", self._feed_loop()),
+            ("timer", self._timer_loop()),
+        ]
 
     # --- the loops -----------------------------------------------------------------------
 
@@ -277,7 +316,9 @@ class ControllerServer:
             frames = await self.tenants.recv_multipart(copy=False)
             peer, message = _decoded(frames, TENANT_KINDS, strict=True)
             tenant = frames[1].get("User-Id") if authenticated and len(frames) == 2 else ""
-            self._execute(self.core.receive(TenantPeer(peer, tenant), message,
+            # ZeroMQ's peers are z + routing id, the gateway's h + a number: no client
+            # can choose a routing id that names another's peer.
+            self._execute(self.core.receive(TenantPeer(ZMQ_PEER + peer, tenant), message,
                                             time.monotonic()))
             # A queued frame completes the await without yielding: let agents' frames,
             # acks and heartbeats have their turn between any two tenant requests.
@@ -297,19 +338,38 @@ class ControllerServer:
 
     # --- executing the core's outputs ----------------------------------------------------
 
+    def execute(self, outputs: list[Output]) -> None:
+        """Run the core's outputs (the gateway's requests come this way too)."""
+        self._execute(outputs)
+
+    async def ask(self, tenant: str, request: Envelope) -> Reply | None:
+        """This controller's own core answers its tenants' requests."""
+        return None
+
+    async def query(self, name: str, args: dict[str, Any]) -> Any:
+        """This controller holds every view itself."""
+        return None
+
     def _execute(self, outputs: list[Output]) -> None:
         """In order: a Commit is stored before anything after it goes out."""
+        gateway = self.gateway
         for out in outputs:
             if isinstance(out, SendToAgent):
                 self._send(out.conn, out.message)
             elif isinstance(out, SendToTenant):
-                self.core.delivered(out, self._to_tenant(out.peer, out.topic.encode(),
-                                                         out.frame))
+                if gateway is not None and gateway.ours(out.peer):
+                    self.core.delivered(out, gateway.deliver(out))
+                else:
+                    self.core.delivered(out, self._to_tenant(out.peer, out.topic.encode(),
+                                                             out.frame))
             elif isinstance(out, Commit):
                 self.store.commit(out.writes)
             elif isinstance(out, AnswerTenant):
-                self.core.delivered(out, self._to_tenant(
-                    out.peer, b"", encode(out.message, sender=SENDER)))
+                if gateway is not None and gateway.ours(out.peer):
+                    self.core.delivered(out, gateway.answer(out.peer, out.message))
+                else:
+                    self.core.delivered(out, self._to_tenant(
+                        out.peer, b"", encode(out.message, sender=SENDER)))
             elif isinstance(out, Replay):
                 for _, frame in self.store.replay(out.topic, out.after, out.limit,
                                                   out.retained_from):
@@ -328,7 +388,9 @@ class ControllerServer:
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
         """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
         assert self.tenants is not None
-        exc = _sent(self.tenants.send_multipart([peer, topic, frame], flags=zmq.NOBLOCK))
+        if not peer.startswith(ZMQ_PEER):
+            return Delivery.GONE  # a gateway's peer after the gateway closed
+        exc = _sent(self.tenants.send_multipart([peer[1:], topic, frame], flags=zmq.NOBLOCK))
         if exc is None:
             return Delivery.SENT
         if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
@@ -389,7 +451,15 @@ class ControllerServer:
                                "tenants: key, jobs, declarations, subscribers"),
             "pools": Command(lambda _: views.pools(core),
                              "pools: hosts and GPUs (the provider's view)"),
+            "privacy": Command(lambda _: views.privacy(core, time.monotonic()),
+                               "the private feed's budget per pool: ε spent in 24 h, plan"),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
+            "tokens": Command(self._cmd_tokens, "tenants' HTTP gateway tokens (no secrets)"),
+            "token-issue": Command(self._cmd_token_issue,
+                                   "issue a tenant a bearer token: tenant, days, note",
+                                   changes=True),
+            "token-revoke": Command(self._cmd_token_revoke, "revoke a token by its id",
+                                    changes=True),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -407,6 +477,7 @@ class ControllerServer:
             "ports": {name: port.view() for name, port in self.ports.items()},
             "descriptors": descriptors(),
             "admin_socket": asdict(self.admin.stats),
+            "gateway": self.gateway.view() if self.gateway is not None else None,
         }
 
     def _auth_status(self) -> dict[str, Any]:
@@ -438,6 +509,27 @@ class ControllerServer:
             raise CommandError("job must name a placed job")
         self._execute(self.core.unplace(job, time.monotonic()))
         return {"job": job}
+
+    async def _cmd_tokens(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        return await self.tokens.listed(time.time())
+
+    async def _cmd_token_issue(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            issued = await self.tokens.issue(args.get("tenant"), args.get("days", 90),
+                                             args.get("note", ""), time.time())
+        except TokenError as exc:
+            raise CommandError(str(exc)) from None
+        log.info("issued token %s for tenant %r", issued["id"], issued["tenant"])
+        return issued
+
+    async def _cmd_token_revoke(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            tenant = await self.tokens.revoke(args.get("id"), time.time())
+        except TokenError as exc:
+            raise CommandError(str(exc)) from None
+        ended = self.gateway.revoked(args["id"]) if self.gateway is not None else 0
+        log.info("revoked token %s of tenant %r (%d streams ended)", args["id"], tenant, ended)
+        return {"revoked": args["id"], "tenant": tenant, "streams_ended": ended}
 
     def _cmd_events(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         limit = args.get("limit", 50)

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgpack
 
 from controller.cluster import HostRecord
+from controller.notices import Notice
 from controller.outputs import Restored, Writes
 from controller.types import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
@@ -26,10 +27,16 @@ from harmonaize.schema import SchemaError, from_plain, to_plain
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
-#: Version 1 lacked the feed log and declarations, version 2 the tuning state: their
-#: tables are simply added.
-UPGRADABLE = {1, 2}
+SCHEMA_VERSION = 4
+#: Version 1 lacked the feed log and declarations, version 2 the tuning state, version 3
+#: validation notices, the feed's streams and the HTTP gateway's tokens: their tables are
+#: added, and the feed log's
+#: new columns (:data:`_COLUMNS`); messages stored before them sit before every cursor.
+UPGRADABLE = {1, 2, 3}
+_COLUMNS = {
+    "feed_topics": {"pruned": "INTEGER NOT NULL DEFAULT 0"},
+    "feed_log": {"stream": "TEXT NOT NULL DEFAULT ''", "offset": "INTEGER NOT NULL DEFAULT 0"},
+}
 #: Host events kept for operators; older ones are pruned.
 EVENT_RETENTION = 100_000
 
@@ -53,20 +60,37 @@ CREATE TABLE IF NOT EXISTS placements (
     tenant TEXT NOT NULL,
     members TEXT NOT NULL
 ) STRICT;
-CREATE TABLE IF NOT EXISTS feed_topics (topic TEXT PRIMARY KEY, seq INTEGER NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS feed_topics (
+    topic TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    pruned INTEGER NOT NULL DEFAULT 0
+) STRICT;
 CREATE TABLE IF NOT EXISTS feed_log (
     topic TEXT NOT NULL,
     seq INTEGER NOT NULL,
     condition INTEGER NOT NULL,
     frame BLOB NOT NULL,
+    stream TEXT NOT NULL DEFAULT '',
+    offset INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (topic, seq)
 ) STRICT, WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS feed_streams (stream TEXT PRIMARY KEY, offset INTEGER NOT NULL) STRICT;
 CREATE TABLE IF NOT EXISTS declarations (
     job TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
     body BLOB NOT NULL
 ) STRICT;
 CREATE TABLE IF NOT EXISTS tuning (job TEXT PRIMARY KEY, state TEXT NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS notices (id TEXT PRIMARY KEY, state TEXT NOT NULL) STRICT;
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    hash BLOB NOT NULL,
+    created REAL NOT NULL,
+    expires REAL NOT NULL,
+    revoked REAL NOT NULL DEFAULT 0,
+    note TEXT NOT NULL DEFAULT ''
+) STRICT;
 CREATE TABLE IF NOT EXISTS host_events (
     id INTEGER PRIMARY KEY,
     host_id TEXT NOT NULL,
@@ -85,7 +109,8 @@ class StoreError(RuntimeError):
 
 
 class Store:
-    def __init__(self, path: str | Path, *, initialise: bool = False) -> None:
+    def __init__(self, path: str | Path, *, initialise: bool = False,
+                 durable: bool = True) -> None:
         """Open (or, where there is no file yet, create) the database at ``path``.
 
         An empty or unreadable file is refused: starting empty would restart every
@@ -94,6 +119,9 @@ class Store:
         (with a new feed epoch, so clients see the reset).
         """
         self.path = Path(path)
+        #: False for a cache the bus can rebuild (a cluster replica's): commits need not
+        #: survive an OS crash.
+        self.durable = durable
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -150,8 +178,14 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         # An ack promises the agent its message is durable, so a commit must
         # survive an OS crash too (NORMAL would only survive a process crash).
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA synchronous=FULL" if self.durable else "PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        for table, columns in _COLUMNS.items():
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            for column, spec in columns.items():
+                if column not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spec}")
+        self.db.execute("CREATE INDEX IF NOT EXISTS feed_by_stream ON feed_log (stream, offset)")
         version = self.get_meta("schema_version")
         if version is None or version in UPGRADABLE:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -160,8 +194,9 @@ class Store:
         epoch = self.get_meta("feed_epoch")
         if not isinstance(epoch, int) or epoch <= 0:
             # Drawn once per database: a database begun anew (its sequence numbers
-            # restart at 1) has another epoch, and tenants' clients see that.
-            epoch = secrets.randbits(62) or 1
+            # restart at 1) has another epoch, and tenants' clients see that. Below 2^53,
+            # so that a client in any language (JavaScript's numbers, JSON) holds it exactly.
+            epoch = secrets.randbits(53) or 1
             self.set_meta("feed_epoch", epoch)
         self.feed_epoch: int = epoch
 
@@ -232,11 +267,41 @@ class Store:
                 out[job] = value
         return out
 
-    def latest_conditions(self) -> dict[str, tuple[int, bytes]]:
-        """Each topic's newest condition frame, to serve late joiners after a restart."""
+    def load_notices(self) -> list[Notice]:
+        """Validation notices tenants were told of, with their answers."""
+        out = []
+        for (state,) in self.db.execute("SELECT state FROM notices"):
+            try:
+                out.append(Notice.from_plain(json.loads(state)))
+            except (KeyError, TypeError, ValueError):
+                continue  # written by another version: the host's next notice rebuilds it
+        return out
+
+    def latest_conditions(self) -> dict[str, tuple[int, bytes, int]]:
+        """Each topic's newest condition (seq, frame, offset), to serve late joiners
+        after a restart."""
         rows = self.db.execute(
-            "SELECT topic, MAX(seq), frame FROM feed_log WHERE condition = 1 GROUP BY topic")
-        return {topic: (seq, frame) for topic, seq, frame in rows}
+            "SELECT topic, MAX(seq), frame, offset FROM feed_log WHERE condition = 1 "
+            "GROUP BY topic")
+        return {topic: (seq, frame, offset) for topic, seq, frame, offset in rows}
+
+    def load_feed_offsets(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT stream, offset FROM feed_streams").fetchall())
+
+    def replay_stream(self, stream: str, after: int, limit: int
+                      ) -> list[tuple[str, int, bytes, int]]:
+        """Up to ``limit`` retained messages of ``stream`` after offset ``after``, in
+        order: (topic, seq, frame, offset)."""
+        return self.db.execute(
+            "SELECT topic, seq, frame, offset FROM feed_log WHERE stream = ? AND offset > ? "
+            "ORDER BY offset LIMIT ?", (stream, after, limit)).fetchall()
+
+    def lost_after(self, stream: str, after: int) -> list[str]:
+        """Topics of ``stream`` that messages after offset ``after`` were pruned from."""
+        return [topic for (topic,) in self.db.execute(
+            "SELECT topic FROM feed_topics WHERE pruned > ? AND topic IN "
+            "(SELECT DISTINCT topic FROM feed_log WHERE stream = ?) ORDER BY topic",
+            (after, stream))]
 
     def replay(self, topic: str, after: int, limit: int,
                retained_from: int = 0) -> list[tuple[int, bytes]]:
@@ -249,6 +314,13 @@ class Store:
     def prune_feed(self, keep: int) -> int:
         """Keep the newest ``keep`` messages per topic (sequence numbers have no holes)."""
         with self.db:
+            # Where each topic was pruned to, in its stream: a resume from before it
+            # lost something (lost_after).
+            self.db.execute(
+                "UPDATE feed_topics SET pruned = (SELECT MAX(l.offset) FROM feed_log l "
+                "WHERE l.topic = feed_topics.topic AND l.seq <= feed_topics.seq - ?) "
+                "WHERE EXISTS (SELECT 1 FROM feed_log l WHERE l.topic = feed_topics.topic "
+                "AND l.seq <= feed_topics.seq - ?)", (keep, keep))
             cur = self.db.execute(
                 "DELETE FROM feed_log WHERE seq <= "
                 "(SELECT t.seq FROM feed_topics t WHERE t.topic = feed_log.topic) - ?", (keep,))
@@ -256,10 +328,12 @@ class Store:
 
     def restored(self) -> Restored:
         """Everything a new core begins from."""
-        return Restored(tuple(self.load_hosts()), self.load_tuning(),
-                        tuple(self.load_placements()), self.load_feed_seqs(),
-                        self.latest_conditions(), tuple(self.load_declarations()),
-                        self.feed_epoch)
+        return Restored(hosts=tuple(self.load_hosts()), tuning=self.load_tuning(),
+                        placements=tuple(self.load_placements()),
+                        feed_seqs=self.load_feed_seqs(), latest=self.latest_conditions(),
+                        declarations=tuple(self.load_declarations()),
+                        feed_epoch=self.feed_epoch, notices=tuple(self.load_notices()),
+                        feed_offsets=self.load_feed_offsets())
 
     def commit(self, writes: Writes) -> None:
         """Store one batch in one transaction (before anything that depends on it is sent)."""
@@ -290,13 +364,19 @@ class Store:
                 ],
             )
             self.db.executemany(
-                "INSERT OR REPLACE INTO feed_topics (topic, seq) VALUES (?, ?)",
+                "INSERT INTO feed_topics (topic, seq) VALUES (?, ?)"
+                " ON CONFLICT (topic) DO UPDATE SET seq = excluded.seq",
                 list(writes.feed_seqs.items()),
             )
             self.db.executemany(
-                "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame)"
-                " VALUES (?, ?, ?, ?)",
-                [(t, seq, int(cond), frame) for t, seq, cond, frame in writes.feed_log],
+                "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame, stream, offset)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.topic, e.seq, int(e.condition), e.frame, e.stream, e.offset)
+                 for e in writes.feed_log],
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO feed_streams (stream, offset) VALUES (?, ?)",
+                list(writes.feed_offsets.items()),
             )
             for job, declared in writes.declarations.items():
                 if declared is None:
@@ -315,6 +395,12 @@ class Store:
                                           "group": placement.group})
                     self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
                                     " VALUES (?, ?, ?)", (job, placement.tenant, members))
+            for notice_id, notice in writes.notices.items():
+                if notice is None:
+                    self.db.execute("DELETE FROM notices WHERE id = ?", (notice_id,))
+                else:
+                    self.db.execute("INSERT OR REPLACE INTO notices (id, state) VALUES (?, ?)",
+                                    (notice_id, json.dumps(notice.to_plain(), sort_keys=True)))
             for job, state in writes.tuning.items():
                 if state is None:
                     self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harmonaize.messages import GpuCounts, Health, LinkHealth, Message
+from harmonaize.messages import GpuCounts, Health, JobEnergy, LinkHealth, Message
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class HostState:
     health: Health = Health.HEALTHY
     gpus: GpuCounts = field(default_factory=GpuCounts)
     links: tuple[LinkHealth, ...] = ()
+    #: Per job, the energy its GPUs here used and saved (the host's summary).
+    energy: tuple[JobEnergy, ...] = ()
 
     @property
     def available(self) -> bool:

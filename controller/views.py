@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from controller.core import ControllerCore
+from controller.redaction import Mode
 from controller.types import Member, Placement
 from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
 
@@ -136,3 +137,20 @@ def pools(core: ControllerCore) -> list[dict[str, Any]]:
             row["gpus_healthy"] += summary.gpus.healthy
             row["gpus_in_use"] += summary.gpus.in_use
     return [rows[k] for k in sorted(rows)]
+
+
+def privacy(core: ControllerCore, now: float) -> dict[str, Any]:
+    """The private feed's budget per pool: spent over the last 24 hours, and the plan."""
+    red = core.redactor
+    cfg = red.cfg
+    rows = [{
+        "pool": p.pool, "gpu_class": p.gpu_class, "budget": p.budget,
+        "spent_24h": round(p.spent, 6), "releases_24h": p.releases,
+        "epsilon_per_release": round(p.epsilon_per_release, 6),
+        "gpu_noise_scale": round(p.gpu_noise_scale, 3),
+        "host_noise_scale": None if p.host_noise_scale is None else round(p.host_noise_scale, 3),
+        "next_release_in": None if p.next_release_in is None else round(p.next_release_in, 1),
+    } for p in red.privacy(now)] if cfg.mode is Mode.PRIVATE else []
+    return {"mode": str(cfg.mode), "epsilon_per_day": cfg.epsilon_per_day,
+            "release_interval": cfg.release_interval, "host_gpus": cfg.host_gpus,
+            "refused": red.ledger.refused, "pools": rows}

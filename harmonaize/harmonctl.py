@@ -24,7 +24,9 @@ from typing import Any
 import shtab
 
 from harmonaize import keys
+from harmonaize.energytables import render_energy
 from harmonaize.opsocket import CommandError, request
+from harmonaize.rdmatables import render_rdma
 from harmonaize.tables import fields, table
 from harmonaize.tuningtables import render_jobs, render_policy
 
@@ -128,8 +130,9 @@ def _render_links(result: dict[str, Any]) -> str:
         ])]
     drops = result.get("drops_by_reason") or {}
     if drops:
-        parts += ["", "kernel drops/s: " + ", ".join(
-            f"{k} {v:.1f}" for k, v in sorted(drops.items(), key=lambda kv: -kv[1]))]
+        parts += ["", "kernel drops (per s, total since start): " + ", ".join(
+            f"{k} {v['per_s']:.1f} ({v['total']})"
+            for k, v in sorted(drops.items(), key=lambda kv: (-kv[1]["per_s"], -kv[1]["total"])))]
     return "\n".join(parts)
 
 
@@ -234,7 +237,29 @@ def _render_controller_status(result: dict[str, Any]) -> str:
         ("protocol", json.dumps(result.get("protocol", {}), sort_keys=True)),
         ("feed", json.dumps(result.get("feed_stats", {}), sort_keys=True)),
         ("uptime", f"{result.get('uptime_seconds', 0):.0f} s"),
+        *_cluster_fields(result.get("cluster")),
     ])
+
+
+def _cluster_fields(cluster: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """A replica's part of ``-C status``: who leads, who is present, this one's share."""
+    if not cluster:
+        return []
+    leading = cluster.get("leading")
+    replicas = cluster.get("replicas") or {}
+    return [
+        ("replica", f"{cluster.get('replica')} (bus {cluster.get('bus')})"),
+        ("leader", cluster.get("leader") or "none (an election is under way)"),
+        ("leading", "no" if not leading else
+         f"yes: term {leading.get('terms')}, commit {leading.get('commit')}, agents' stream "
+         f"{leading.get('agents_stream')}, {leading.get('hosts')} hosts, queued "
+         f"{leading.get('queued')}"),
+        ("replicas", ", ".join(f"{name} ({info.get('agents', 0)} agents)"
+                               for name, info in sorted(replicas.items())) or "-"),
+        ("agents here", cluster.get("agents_here")),
+        ("feed position", cluster.get("feed_position")),
+        ("ingest", json.dumps(cluster.get("ingest", {}), sort_keys=True)),
+    ]
 
 
 def _render_hosts(rows: list[dict[str, Any]]) -> str:
@@ -313,6 +338,25 @@ def _render_pools(rows: list[dict[str, Any]]) -> str:
     ])
 
 
+def _render_privacy(result: dict[str, Any]) -> str:
+    head = fields([("mode", result["mode"]),
+                   ("epsilon per pool per day", result["epsilon_per_day"]),
+                   ("release interval s", result["release_interval"]),
+                   ("GPUs per host (sensitivity)", result["host_gpus"]),
+                   ("releases refused (budget spent)", result["refused"])])
+    if result["mode"] != "private":
+        return head + "\nno differential privacy in this mode: nothing is spent"
+    rows = [{**r, "host_noise_scale": "-" if r["host_noise_scale"] is None
+             else r["host_noise_scale"], "next_release_in": "-" if r["next_release_in"] is None
+             else r["next_release_in"]} for r in result["pools"]]
+    return head + "\n\n" + table(rows, [
+        ("pool", "POOL"), ("gpu_class", "CLASS"), ("spent_24h", "SPENT 24H"),
+        ("budget", "BUDGET"), ("releases_24h", "RELEASES 24H"),
+        ("epsilon_per_release", "EPS/RELEASE"), ("gpu_noise_scale", "GPU NOISE"),
+        ("host_noise_scale", "HOST NOISE"), ("next_release_in", "NEXT IN S"),
+    ])
+
+
 def _render_simple(result: Any) -> str:
     if isinstance(result, dict):
         return fields(result.items())
@@ -329,8 +373,10 @@ Renderer = Callable[[Any], str]
 AGENT_RENDERERS: dict[str, Renderer] = {
     "status": _render_agent_status,
     "links": _render_links,
+    "rdma": render_rdma,
     "gpus": _render_gpus,
     "health": _render_health,
+    "energy": render_energy,
     "validations": _render_validations,
     "jobs": render_jobs,
     "policy": render_policy,
@@ -345,6 +391,7 @@ CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "feed": _render_feed,
     "tenants": _render_tenants,
     "pools": _render_pools,
+    "privacy": _render_privacy,
     "help": _render_help,
 }
 
@@ -370,9 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("status", parents=[common], help="agent (or controller) status")
     sub.add_parser("links", parents=[common], help="link rates, traffic classes, congestion")
+    sub.add_parser("rdma", parents=[common],
+                   help="RDMA ports' counters; congestion control's values and why")
     sub.add_parser("gpus", parents=[common], help="GPU telemetry, counters, state and jobs")
     sub.add_parser("health", parents=[common],
                    help="why the host and each GPU are in their state, and what to do")
+    sub.add_parser("energy", parents=[common],
+                   help="power limits per GPU: set, original, draw, energy saved, and why")
     drain = sub.add_parser("drain", parents=[common],
                            help="withdraw this host (or one GPU, --gpu) from capacity")
     drain.add_argument("--reason", default="drained by operator")
@@ -421,6 +472,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("tenants", parents=[common],
                    help="(controller) tenants: key, jobs, declarations, subscribers")
     sub.add_parser("pools", parents=[common], help="(controller) pools: hosts and GPUs")
+    sub.add_parser("privacy", parents=[common],
+                   help="(controller) the private feed's ε spent per pool over 24 h")
+    token = sub.add_parser("token", parents=[common],
+                           help="(controller) tenants' HTTP gateway tokens: issue, list, revoke")
+    token_sub = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    issue = token_sub.add_parser("issue", parents=[common],
+                                 help="issue a tenant a bearer token (shown once)")
+    issue.add_argument("--tenant", required=True)
+    issue.add_argument("--days", type=float, default=90.0, help="valid this long (default 90)")
+    issue.add_argument("--note", default="", help="what it is for, for the list")
+    token_sub.add_parser("list", parents=[common], help="every token, without secrets")
+    revoke = token_sub.add_parser("revoke", parents=[common], help="revoke a token by its id")
+    revoke.add_argument("id")
     keygen = sub.add_parser("keygen", parents=[common],
                             help="make a CurveZMQ key pair (local: talks to no daemon)")
     keygen.add_argument("name", help="controller, a host id, or a tenant name")
@@ -443,8 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Commands ``watch`` may repeat: they only read.
-WATCHABLE = ("status", "links", "gpus", "health", "validations", "hosts", "capacity", "events",
-             "jobs", "feed", "tenants", "pools")
+WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "hosts", "capacity",
+             "events", "jobs", "feed", "tenants", "pools", "privacy", "energy")
 #: Commands answered by harmonctl itself, without a daemon.
 LOCAL = ("keygen", "watch", "completion")
 
@@ -473,7 +537,19 @@ def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
         return placement
     if ns.command in ("unplace", "policy"):
         return {"job": ns.job}
+    if ns.command == "token" and ns.action == "issue":
+        return {"tenant": ns.tenant, "days": ns.days, "note": ns.note}
+    if ns.command == "token" and ns.action == "revoke":
+        return {"id": ns.id}
     return {}
+
+
+#: ``token ACTION`` is one of three admin commands.
+TOKEN_COMMANDS = {"issue": "token-issue", "list": "tokens", "revoke": "token-revoke"}
+
+
+def _command(ns: argparse.Namespace) -> str:
+    return TOKEN_COMMANDS[ns.action] if ns.command == "token" else ns.command
 
 
 def _json_file(file: Any) -> Any:
@@ -621,14 +697,14 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "watch":
         return _watch(ns, as_json)
     try:
-        result = call(ns, ns.command, _args_for(ns))
+        result = call(ns, _command(ns), _args_for(ns))
     except Failure as exc:
         print(f"harmonctl: {exc}", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
-        print(render(ns, ns.command, result))
+        print(render(ns, _command(ns), result))
     return 0
 
 if __name__ == "__main__":

@@ -154,7 +154,9 @@ class Condition:
 class Bucket:
     """A coarse range ``lo..hi`` (``hi`` None: open above) that hides exact counts."""
 
+    #: The lower edge (a cautious reading).
     lo: Count
+    #: The upper edge (at least ``lo``); null: "or more".
     hi: Count | None
 
     def __post_init__(self) -> None:
@@ -233,6 +235,17 @@ class GpuCounts:
         return max(0, self.healthy + self.suspect - self.in_use)
 
 
+@dataclass(frozen=True)
+class JobEnergy:
+    """One job's GPUs on a host since the job started there: the energy they used and
+    what the power limits saved, in kJ. The controller sums a job's hosts and gives its
+    tenant only a coarse share (controller/redaction.py)."""
+
+    job: Ident
+    used_kj: Count
+    saved_kj: Count
+
+
 @message("host-summary", Category.CONDITION)
 @dataclass(frozen=True)
 class HostSummary(Message):
@@ -243,6 +256,8 @@ class HostSummary(Message):
     gpus: GpuCounts = GpuCounts()
     conditions: Conditions = ()
     links: Annotated[tuple[LinkHealth, ...], Len(16)] = ()
+    #: Jobs here that declared a slowdown for energy (agent/gpu/energy.py).
+    energy: Annotated[tuple[JobEnergy, ...], Len(64)] = ()
 
 
 class Advice(StrEnum):
@@ -259,13 +274,14 @@ class Urgency(StrEnum):
 class JobAdvisory(Message):
     """Advice for one job, in the job's own terms: no host, GPU or raw value."""
 
+    #: The job, as the provider's scheduler named it.
     job: Ident
     advice: Advice
     #: A coarse class: gpu-memory, gpu-failure, interconnect, thermal.
     reason: Ident
     urgency: Urgency
     #: The job's ranks on the affected hardware, as its launcher named them.
-    ranks: Annotated[tuple[Ident, ...], Len(64)] = ()
+    ranks: Annotated[tuple[Ident, ...], Len(1024)] = ()
 
 
 @message("host-event", Category.EVENT)
@@ -282,15 +298,39 @@ class Goodbye(Message):
     reason: Text = ""
 
 
+class NoticeStatus(StrEnum):
+    """Where a validation notice stands (after Azure Scheduled Events' ``EventStatus``)."""
+
+    SCHEDULED = "scheduled"  # it starts at not_before, unless approved earlier or deferred
+    STARTED = "started"      # the pause has begun (not_before came, or every job approved)
+    CANCELLED = "cancelled"  # it will not happen as announced (a new notice comes if it does)
+
+
 @message("validation-notice", Category.EVENT)
 @dataclass(frozen=True)
 class ValidationNotice(Message):
-    """A member of the job will pause for validation: when and for how long, nothing else."""
+    """A member of the job will pause for validation: when and for how long, nothing else.
 
+    From an agent, ``id`` is the agent's own name for the planned validation; the
+    controller gives the tenant a notice id of its own and rebuilds every other field.
+    A notice is sent again, with the same id, whenever its status or start moves.
+    """
+
+    #: The job, as the provider's scheduler named it.
     job: Ident
-    members: Annotated[tuple[Ident, ...], Len(64)]
+    #: The job's members (ranks, as its launcher named them) on the hardware that pauses.
+    members: Annotated[tuple[Ident, ...], Len(1024)]
+    #: The longest the pause can last, never more than the job's max_validation_pause.
     pause_seconds: Annotated[int, Num(0, 86400)]
+    #: The same instant as ``not_before`` (the name before notices could be answered).
     starts_at: Timestamp
+    #: The notice's id, to answer it with (the same on every update of one notice).
+    id: Name = ""
+    #: The pause starts no earlier than this (Unix time), unless the tenant approves it.
+    not_before: Timestamp = 0.0
+    status: NoticeStatus = NoticeStatus.SCHEDULED
+    #: Seconds the tenant may still defer it by (0: it cannot be deferred, or was already).
+    defer_seconds: Seconds = 0.0
 
 
 @dataclass(frozen=True)
@@ -437,12 +477,16 @@ class TuningRange:
     lowers the channel count NCCL chose; this narrows that further.
     """
 
+    #: The collectives this range is for.
     collectives: Annotated[tuple[Collective, ...], Len(5, min_len=1)]
+    #: Algorithms the provider may choose (among those NCCL enabled).
     algorithms: Annotated[tuple[Algorithm, ...], Len(7, min_len=1)]
+    #: Protocols the provider may choose (among those NCCL enabled).
     protocols: Annotated[tuple[Protocol, ...], Len(3, min_len=1)]
     #: Message sizes ``min_bytes <= n < max_bytes``.
     min_bytes: Bytes = 0
     max_bytes: Bytes = 2**62
+    #: The channel range (the provider only ever lowers NCCL's own count).
     min_channels: Channels = 1
     max_channels: Channels = 64
 
@@ -473,6 +517,19 @@ class BulkTraffic:
     dscp: Annotated[tuple[Dscp, ...], Len(64)] = ()
 
 
+@dataclass(frozen=True)
+class EnergyAllowance:
+    """How much slower a job may run so that its GPUs use less energy (the provider
+    lowers their power limits within it, and backs off before the job slows that much)."""
+
+    #: The slowdown the job accepts, as a share of its progress (0.05: at most 5% fewer
+    #: collectives per second than at the GPUs' own limits); 0: none, nothing is changed.
+    max_slowdown: Annotated[float, Num(0.0, 0.5)] = 0.0
+    #: The lowest power limit any of the job's GPUs may get, in watts; 0: the provider's
+    #: own bounds alone.
+    min_watts: Annotated[float, Num(0.0, 100_000.0)] = 0.0
+
+
 @message("job-declaration", Category.CONTROL)
 @dataclass(frozen=True)
 class JobDeclaration(Message):
@@ -483,11 +540,13 @@ class JobDeclaration(Message):
     single host with ``harmonctl declare``.
     """
 
+    #: Your job, as your scheduler named it when it placed it.
     job: Ident
     #: Seconds a member of the job may pause for hardware validation; 0: never.
     max_validation_pause: Annotated[float, Num(0.0, 86400.0)] = 0.0
     #: Ranges the provider may retune NCCL within; none: NCCL's own choices.
     tuning: Annotated[tuple[TuningRange, ...], Len(32)] = ()
+    #: Your bulk traffic and the bandwidth it keeps on a congested link; none: no classes.
     bulk: BulkTraffic | None = None
     #: Increases with each new declaration of the job (the newest wins).
     revision: Count = 0
@@ -497,6 +556,10 @@ class JobDeclaration(Message):
     #: provider's placement (never from the tenant): only its members may read
     #: and follow the job's tuner policy there. Empty: root's processes only.
     group: Name = ""
+    #: Seconds by which the tenant may defer each validation notice, once; 0: never.
+    max_validation_defer: Annotated[float, Num(0.0, 86400.0)] = 0.0
+    #: The slowdown the job accepts for energy (GPU power limits); none: never.
+    energy: EnergyAllowance | None = None
 
 
 @dataclass(frozen=True)
@@ -537,8 +600,23 @@ class TuningResolve(Message):
     activations: Annotated[tuple[Activation, ...], Len(32)] = ()
 
 
+@message("validation-decision", Category.CONTROL)
+@dataclass(frozen=True)
+class ValidationDecision(Message):
+    """A tenant's answer to a validation notice, for the host that planned it:
+    ``notice`` is the host's own id of the plan. ``approve`` lets it start now (once
+    every job on the device has approved); ``defer`` pushes its start back by that
+    many seconds (once per job, within the job's declared ``max_validation_defer``,
+    which the host checks again)."""
+
+    notice: Ident
+    job: Ident
+    approve: bool = False
+    defer: Seconds = 0.0
+
+
 CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-arm",
-                              "tuning-resolve"})
+                              "tuning-resolve", "validation-decision"})
 
 # --- controller -> tenant feed -------------------------------------------------------
 
@@ -550,9 +628,13 @@ class PoolCapacity(Message):
 
     pool: Ident
     gpu_class: Ident
+    #: Hosts that can take work (private mode: not released, read 0 or more).
     hosts_up: Bucket
+    #: Hosts that cannot (down, drained or unhealthy).
     hosts_down: Bucket
+    #: Healthy, idle GPUs on hosts that can take work.
     gpus_available: Bucket
+    #: The direction of the last visible change of (free GPUs, hosts up).
     trend: Trend
     #: Bumped whenever the visible content changes; republishing keeps it.
     revision: Count
@@ -572,6 +654,7 @@ class JobHealth(Message):
     """A job's members as the tenant knows them: which are degraded or lost, and how
     congested the job's network paths are. Never a host, address or other tenant."""
 
+    #: The job, as the provider's scheduler named it.
     job: Ident
     #: Members (ranks or instance names) on hardware that is degraded or out of service.
     degraded: Annotated[tuple[Ident, ...], Len(1024)] = ()
@@ -579,11 +662,16 @@ class JobHealth(Message):
     lost: Annotated[tuple[Ident, ...], Len(1024)] = ()
     #: The worst congestion on the data links of the job's hosts.
     congestion: Level = Level.NONE
+    #: Bumped whenever the content changes; republishing keeps it.
     revision: Count = 0
     #: The choice of the job's declared tuning ranges in force (``default``: NCCL's own).
     tuning_choice: Name = "default"
     #: Whether every rank follows it alike (see :class:`TuningStatus`).
     tuning: TuningStatus = TuningStatus.STEADY
+    #: The share of its GPUs' energy the power limits saved since it started, in percent,
+    #: as a coarse range; None: the job declared no slowdown for energy, or too little is
+    #: measured yet.
+    energy: Bucket | None = None
 
 
 # --- tenant <-> controller ------------------------------------------------------------
@@ -597,6 +685,7 @@ class Position:
     """The newest sequence number seen (or published) on one topic."""
 
     topic: Topic
+    #: Sequence numbers are per topic, start at 1 and have no holes.
     seq: Count
 
 
@@ -610,7 +699,10 @@ class Subscribe(Message):
     saw a gap misses nothing.
     """
 
+    #: Topic prefixes: ``pool/`` (or narrower) and ``job/<you>/`` (or narrower).
     topics: Annotated[tuple[Topic, ...], Len(64, min_len=1)]
+    #: Per topic, the newest sequence number you have: what is retained after it is
+    #: sent again. Omit a topic to get its present condition only (a fresh start).
     since: Annotated[tuple[Position, ...], Len(1024)] = ()
     #: The feed epoch ``since`` belongs to (from ``Subscribed.epoch``); 0: none known.
     #: Positions of another epoch mean nothing: the controller then replays everything
@@ -618,10 +710,65 @@ class Subscribe(Message):
     epoch: Count = 0
 
 
+class ErrorCode(StrEnum):
+    """Why a tenant's request was refused, for programs (``Reply.code``, ``Refusal.code``
+    and the HTTP gateway's ``error.code``); the text beside it is for people. New codes
+    may be added within a wire version: treat an unknown one as a refusal."""
+
+    MALFORMED = "malformed"
+    INVALID = "invalid"
+    NOT_AUTHENTICATED = "not-authenticated"
+    THROTTLED = "throttled"
+    TOO_BROAD = "too-broad"
+    NOT_YOUR_JOB = "not-your-job"
+    NO_SUCH_TOPIC = "no-such-topic"
+    TOO_MANY_SUBSCRIPTIONS = "too-many-subscriptions"
+    NOT_PLACED = "not-placed"
+    STALE_REVISION = "stale-revision"
+    PROVIDER_FIELD = "provider-field"
+    NO_SUCH_NOTICE = "no-such-notice"
+    NOT_DEFERRABLE = "not-deferrable"
+    NOTICE_STARTED = "notice-started"
+    NOT_FOUND = "not-found"
+    UNAVAILABLE = "unavailable"
+
+
+#: What each code means (the published spec and the guides list them from here).
+ERROR_MEANINGS: dict[ErrorCode, str] = {
+    ErrorCode.MALFORMED: "not a frame, not JSON, or not one message",
+    ErrorCode.INVALID: "a field is missing, unknown or out of range; the text names it",
+    ErrorCode.NOT_AUTHENTICATED: "no tenant identity (key, token or certificate): pool "
+                                 "topics only",
+    ErrorCode.THROTTLED: "over the tenant's request budget; retry later (HTTP only: the "
+                         "ZeroMQ feed drops such requests)",
+    ErrorCode.TOO_BROAD: "a topic prefix above pool/ or job/<you>/ (it would reach other "
+                         "tenants' topics)",
+    ErrorCode.NOT_YOUR_JOB: "another tenant's job topics",
+    ErrorCode.NO_SUCH_TOPIC: "a prefix under neither pool/ nor job/",
+    ErrorCode.TOO_MANY_SUBSCRIPTIONS: "more topic prefixes than a tenant may hold at once",
+    ErrorCode.NOT_PLACED: "no such job of yours is placed (the same answer for another "
+                          "tenant's job)",
+    ErrorCode.STALE_REVISION: "a declaration older than the revision in force",
+    ErrorCode.PROVIDER_FIELD: "a field only the provider sets (declaration.group)",
+    ErrorCode.NO_SUCH_NOTICE: "no validation notice of yours has that id (the same answer "
+                              "for another tenant's)",
+    ErrorCode.NOT_DEFERRABLE: "the notice was deferred once already, or the job's "
+                              "declaration allows no deferral",
+    ErrorCode.NOTICE_STARTED: "the validation started or was cancelled: nothing to answer",
+    ErrorCode.NOT_FOUND: "HTTP only: no such resource, or not that method on it",
+    ErrorCode.UNAVAILABLE: "a controller replica could not take it now (its cluster has no "
+                           "leader for a moment): retry",
+}
+
+
 @dataclass(frozen=True)
 class Refusal:
+    """A topic prefix of a subscription that was not accepted, and why."""
+
     topic: Topic
     reason: Text
+    #: One of :class:`ErrorCode` (kept a string: newer controllers may add codes).
+    code: Name = ""
 
 
 @message("subscribed", Category.CONTROL)
@@ -641,6 +788,9 @@ class Subscribed(Message):
     #: anew, and then every sequence number starts again from 1: a client holding
     #: positions of another epoch must forget them (it gets a replay of what is retained).
     epoch: Count = 0
+    #: For topics whose resume (``since``) asked for more than is retained: the oldest
+    #: sequence number still retained. What lies between is lost for good.
+    oldest: Annotated[tuple[Position, ...], Len(1024)] = ()
 
 
 @message("reply", Category.CONTROL)
@@ -648,14 +798,36 @@ class Subscribed(Message):
 class Reply(Message):
     """The answer to a tenant's request (by the request's sequence number)."""
 
+    #: The request's own sequence number (its envelope's ``seq``).
     request: Count
     ok: bool
+    #: Why not, in words (empty when ``ok``).
     error: Text = ""
+    #: One of :class:`ErrorCode` when ``ok`` is false (a string: codes may be added).
+    code: Name = ""
 
 
-TENANT_KINDS = frozenset({"subscribe", "job-declaration"})
+class NoticeAction(StrEnum):
+    APPROVE = "approve"  # start now: the job is ready (checkpointed, drained)
+    DEFER = "defer"      # start later, by up to the declared max_validation_defer
+
+
+@message("validation-answer", Category.CONTROL)
+@dataclass(frozen=True)
+class ValidationAnswer(Message):
+    """A tenant's answer to one of its validation notices (by the notice's ``id``)."""
+
+    #: The notice's ``id``.
+    notice: Ident
+    action: NoticeAction
+    #: For ``defer``: seconds to defer by; 0 asks for all the declaration allows.
+    seconds: Seconds = 0.0
+
+
+TENANT_KINDS = frozenset({"subscribe", "job-declaration", "validation-answer"})
 FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice",
                         "subscribed", "reply"})
+_TENANT_FACING = FEED_KINDS | TENANT_KINDS
 
 # --- envelope and codec --------------------------------------------------------------
 
@@ -673,13 +845,31 @@ class Envelope:
         return self.body.CATEGORY
 
 
+#: Called with (kind, sender, plain body) for every tenant-facing message this process
+#: encodes, where auditing is on (harmonaize/wireaudit.py installs it); None: off.
+audit_hook: Callable[[str, str, object], None] | None = None
+
+
+def auditing() -> bool:
+    return audit_hook is not None
+
+
+def audit(kind: str, sender: str, plain: object) -> None:
+    """Record one tenant-facing message (a wire body, or a CloudEvent as ``cloudevent``)."""
+    if audit_hook is not None:
+        audit_hook(kind, sender, plain)
+
+
 def encode(body: Message, *, sender: str, seq: int = 0, now: float | None = None) -> bytes:
     """Serialise ``body`` in a versioned envelope."""
     stamp = time.time() if now is None else now
-    frame = [MAGIC, VERSION, body.KIND, sender, seq, stamp, to_plain(body)]
+    plain = to_plain(body)
+    frame = [MAGIC, VERSION, body.KIND, sender, seq, stamp, plain]
     data = msgpack.packb(frame, use_bin_type=True)
     if len(data) > MAX_FRAME:
         raise WireError(f"{body.KIND}: frame of {len(data)} bytes exceeds {MAX_FRAME}")
+    if audit_hook is not None and body.KIND in _TENANT_FACING:
+        audit_hook(body.KIND, sender, plain)
     return data
 
 

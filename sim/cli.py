@@ -2,7 +2,8 @@
 
 Runs one scenario (deterministic from ``--seed``), prints a table comparing the regimes
 and the headline numbers, sweeps the redaction's coarseness, and writes the
-privacy-utility figures as PNGs.
+privacy-utility figures as PNGs. With ``--energy``, instead: the GPU energy saved against
+the JCT stretched when every tenant declares each slack of ``--slack`` (sim/energy.py).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from sim import regimes
+from sim import energy, regimes
 from sim.model import OPPORTUNITIES, SimConfig
-from sim.plots import write_all
+from sim.plots import frontier_figures, write_all
 from sim.report import (
     ablation_table,
     by_name,
+    frontier_rows,
     headline,
     pool_table,
     regime_table,
@@ -58,8 +60,16 @@ def parser() -> argparse.ArgumentParser:
                    help="size each pool for this quantile of its demand")
     m.add_argument("--load-factor", type=float, default=1.0)
     m.add_argument("--precursor-fraction", type=float, default=0.5)
+    e = p.add_argument_group("energy (instead of the feed's regimes)")
+    e.add_argument("--energy", action="store_true",
+                   help="GPU energy saved against JCT stretched, per slack tenants declare")
+    e.add_argument("--slack", default="0,0.05,0.1",
+                   help="comma-separated slowdowns every tenant declares (default %(default)s)")
     o = p.add_argument_group("output")
     o.add_argument("--no-sweep", action="store_true", help="only none, redacted and full")
+    o.add_argument("--sweep", choices=("private", "coarse"), default="private",
+                   help="vary the private feed's ε per day and interval (default), or the "
+                   "coarse feed's knobs one at a time")
     o.add_argument("--ablation", action="store_true",
                    help="also run each tenant decision on its own")
     o.add_argument("--out", type=Path, default=Path("out/sim"), help="folder for the PNGs")
@@ -89,6 +99,37 @@ def _ablation(scenario: Scenario, workers: int | None) -> list[tuple[str, Outcom
     return rows
 
 
+def _energy(args: argparse.Namespace, scenario: Scenario) -> int:
+    try:
+        slacks = sorted({float(s) for s in args.slack.split(",")} | {0.0})
+    except ValueError:
+        print(f"harmonaize-sim: --slack: not numbers: {args.slack}", file=sys.stderr)
+        return 2
+    if not all(0.0 <= s <= 0.5 for s in slacks):
+        print("harmonaize-sim: --slack: each slowdown must be within 0..0.5", file=sys.stderr)
+        return 2
+    began = time.perf_counter()
+    print(f"scenario: {scenario_line(scenario)}")
+    outcomes = energy.evaluate_slacks(scenario, slacks, args.workers)
+    print()
+    print("What the agent's energy loop settles on per workload (Zeus NSDI '23, A40):")
+    print(energy.effects_table(outcomes))
+    print()
+    print("The whole trace, every tenant declaring the slack, no feed:")
+    print(energy.results_table(outcomes))
+    print()
+    print(energy.headline(outcomes))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"scenario": scenario_line(scenario), "energy": [
+            {"slack": o.slack, "energy_mwh": o.energy_mwh, "gpu_h": o.gpu_h,
+             "mean_jct_h": o.mean_jct_h, "p99_jct_h": o.p99_jct_h, "finished": o.finished,
+             "effects": {k: asdict(v) for k, v in o.effects.items()}}
+            for o in outcomes]}, indent=1))
+    print(f"\n{len(outcomes)} runs in {time.perf_counter() - began:.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -109,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if not scenario.jobs:
         print("harmonaize-sim: no jobs left after subsetting", file=sys.stderr)
         return 2
+    if args.energy:
+        return _energy(args, scenario)
     began = time.perf_counter()
     print(f"scenario: {scenario_line(scenario)}")
     main_runs = evaluate_all(scenario, regimes.main_regimes(), args.workers)
@@ -122,14 +165,29 @@ def main(argv: list[str] | None = None) -> int:
     print(pool_table(main_runs, scenario, regimes.redacted().redaction.min_hosts))
     everything = list(main_runs)
     if not args.no_sweep:
-        extra = evaluate_all(scenario, regimes.sweep()[1:], args.workers)
-        default = replace(named["redacted"], regime=regimes.sweep()[0])
-        points = [default, *extra]
-        everything += extra
-        print()
-        print("Sweep over the redaction's coarseness (one knob at a time from the default):")
-        print(sweep_table(points, named["none"], named["full"]))
-        paths = write_all(args.out, points, named["none"], named["full"])
+        if args.sweep == "coarse":
+            sweep = regimes.coarse_sweep()
+            points = evaluate_all(scenario, sweep, args.workers)
+            everything += points
+            print()
+            print("Sweep over the coarse feed (one knob at a time from its default):")
+            print(sweep_table(points, named["none"], named["full"]))
+            paths = write_all(args.out, points, named["none"], named["full"])
+        else:
+            default = regimes.redacted().redaction
+            sweep = [r for r in regimes.frontier() if r.redaction != default]
+            # The default is no point of the hourly ε series: it is drawn on its own.
+            points = [replace(named["redacted"], regime=regimes.redacted(
+                knob="default", name=f"default (eps {default.epsilon_per_day:g}/day every "
+                f"{default.release_interval:g}s)")),
+                *evaluate_all(scenario, sweep, args.workers)]
+            everything += points[1:]
+            print()
+            print("Sweep over the private feed (ε per pool per day, release interval; "
+                  "one run: a failure attack on one run rests on few positives):")
+            print(sweep_table(points, named["none"], named["full"]))
+            paths = frontier_figures(args.out, frontier_rows(points, named["none"],
+                                                             named["full"]))
         print()
         print("figures: " + ", ".join(str(p) for p in paths))
     if args.seeds > 1:

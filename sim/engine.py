@@ -57,8 +57,9 @@ class Records:
     samples: list[tuple[float, int, int, int, tuple[int, int | None, int, int | None] | None]]
     #: Times a host of each pool stopped being plainly healthy (a fault started).
     failures: list[list[float]]
-    #: The attacker's pool publications: (time, pool, hosts_up lo, hosts_down lo, GPUs lo).
-    feed: list[tuple[float, int, int, int, int]]
+    #: The attacker's pool publications: (time, pool, hosts_up lo, hi, hosts_down lo, hi,
+    #: GPUs available lo, hi); a hi of None is an open range.
+    feed: list[tuple[float, int, int, int | None, int, int | None, int, int | None]]
     horizon: float
 
 
@@ -78,6 +79,8 @@ class RunResult:
     pause_gpu_s: dict[str, float]
     counters: dict[str, int]
     policy_stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: The most ε any pool's feed spent over 24 hours (private mode; 0 otherwise).
+    epsilon_day_max: float = 0.0
 
 
 class Simulation:
@@ -132,6 +135,8 @@ class Simulation:
                                  gpu_class=pool.gpu_class, tenant_idx=tenant_idx[spec.tenant],
                                  tenant=spec.tenant, elastic=elastic, lo_g=max(1, n // 2),
                                  hi_g=hi))
+        if regime.energy is not None:
+            regime.energy.assign(self.jobs)
         self.by_name = {j.name: j for j in self.jobs}
         self.pool_index = {p.name: p.index for p in pools}
         self.arrivals = sorted(self.jobs, key=lambda j: (j.arrival, j.index))
@@ -244,7 +249,8 @@ class Simulation:
             self.regime, self.jobs, self.records, self.horizon, self.now,
             self.acc_alloc_h, self.acc_cap_h, self.acc_alloc, self.acc_cap,
             self.rollback, self.pauses, self.counters,
-            {p.tenant: vars(p.stats).copy() for p in self.policies})
+            {p.tenant: vars(p.stats).copy() for p in self.policies},
+            max((r.ledger.peak for r in self.feed.redactors), default=0.0))
 
     # --- accounting ----------------------------------------------------------------------
 
@@ -271,7 +277,7 @@ class Simulation:
         self._push(finish_time(j, self.I, self.T), FINISH, j.index, j.version)
 
     def _rate(self, j: Job) -> float:
-        r = speed(j.g, j.n, self.cfg.speed_alpha)
+        r = speed(j.g, j.n, self.cfg.speed_alpha) * j.thr
         if j.degraded:
             r *= self.cfg.straggler_factor
         if len(j.nodes) > 1:
@@ -344,7 +350,10 @@ class Simulation:
                 self.feed.node_changed(n, False)
         self.alloc_now -= j.alloc
         self.held_by[pool][j.tenant_idx] -= j.alloc
-        j.alloc_gpu_s += j.alloc * (self.now - j.alloc_since)
+        held = self.now - j.alloc_since
+        j.alloc_gpu_s += j.alloc * held
+        if j.watts:  # energy runs (sim/energy.py): full power until the loop settles
+            j.energy += j.alloc * j.watts * (min(held, j.conv) + max(0.0, held - j.conv) * j.pw)
         j.nodes, j.per, j.alloc = [], 0, 0
         if feed:
             self._mark(pool)
@@ -682,7 +691,8 @@ class Simulation:
 
     def _log_attacker(self, cap: PoolCapacity) -> None:
         self.records.feed.append((self.now, self.pool_index[cap.pool], cap.hosts_up.lo,
-                                  cap.hosts_down.lo, cap.gpus_available.lo))
+                                  cap.hosts_up.hi, cap.hosts_down.lo, cap.hosts_down.hi,
+                                  cap.gpus_available.lo, cap.gpus_available.hi))
 
     def _sample(self) -> None:
         me = self.cfg.attacker

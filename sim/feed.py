@@ -9,7 +9,9 @@ Two things keep this fast without changing what comes out:
 
 * One redactor per pool. Pool aggregates, trends and release times are per topic, and a
   job lives in one pool, so this is the controller's redactor with its work split; each
-  gets its own seeded RNG for the release jitter.
+  gets its own seeded RNG for the release jitter and its own seeded noise (the private
+  mode's distribution, from :func:`controller.privacy.seeded_sampler`, so a run comes
+  out the same from its seed; the controller samples with OpenDP).
 * ``Redactor.observe`` recomputes every placement's job health unless told which jobs to
   look at. Only jobs on a host whose health, liveness or links changed can have new
   health, so the bridge passes just those (plus new placements whose first health
@@ -24,6 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
+from controller.privacy import seeded_sampler
 from controller.redaction import Mode, RedactionConfig, Redactor
 from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
@@ -53,7 +56,8 @@ class FeedBridge:
         self.cluster = cluster
         self.mode = rcfg.mode
         self.active = rcfg.mode is not Mode.NONE
-        self.redactors = [Redactor(cfg=rcfg, rng=random.Random(f"{seed}:redactor:{p.name}"))
+        self.redactors = [Redactor(cfg=rcfg, rng=random.Random(f"{seed}:redactor:{p.name}"),
+                                   sampler=seeded_sampler(f"{seed}:noise:{p.name}"))
                           for p in cluster.pools]
         self.node_pool = [0] * cluster.node_count
         for p in cluster.pools:

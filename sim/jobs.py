@@ -21,11 +21,11 @@ class Job:
     """One job's mutable state. Satisfies :class:`sim.policies.JobView`."""
 
     __slots__ = (
-        "P", "S", "algo", "alloc", "alloc_gpu_s", "alloc_since", "arrival", "degraded",
-        "elastic", "finish", "first_start", "g", "gpu_class", "hi_g", "index", "kills",
-        "last_resize", "lo_g", "n", "name", "nodes", "pause_until", "pending_save", "per",
-        "phase", "pool", "pool_name", "rate", "restart", "state", "t0", "tenant", "tenant_idx",
-        "version", "work",
+        "P", "S", "algo", "alloc", "alloc_gpu_s", "alloc_since", "arrival", "conv", "degraded",
+        "elastic", "energy", "finish", "first_start", "g", "gpu_class", "hi_g", "index",
+        "kills", "last_resize", "lo_g", "n", "name", "nodes", "pause_until", "pending_save",
+        "per", "phase", "pool", "pool_name", "pw", "rate", "restart", "state", "t0", "tenant",
+        "tenant_idx", "thr", "version", "watts", "work", "workload",
     )
 
     def __init__(self, spec: JobSpec, index: int, *, pool: int, pool_name: str,
@@ -58,6 +58,13 @@ class Job:
         self.alloc_since = 0.0
         self.alloc_gpu_s = 0.0
         self.kills = 0
+        # Power limits inside the tenant's slack (sim/energy.py); 0 W: not simulated.
+        self.thr = 1.0          # compute speed at the settled limit
+        self.pw = 1.0           # power there, relative to the GPU's own limit
+        self.conv = 0.0         # seconds of each run at full power before it settles
+        self.watts = 0.0        # the workload's measured power per GPU at its own limit
+        self.energy = 0.0       # joules over finished runs on its GPUs
+        self.workload = ""
 
     @property
     def running(self) -> bool:

@@ -128,3 +128,63 @@ def write_all(out: Path, points: Sequence[Outcome], none: Outcome, full: Outcome
     attack_vs_coarseness(points, none, full, paths[1])
     frontier(points, none, full, paths[2])
     return paths
+
+
+def frontier_figures(out: Path, rows: Sequence[dict]) -> list[Path]:
+    """The private feed's frontier from the privacy-utility benchmark's rows: benefit kept
+    and both attacks (with 95% intervals) against ε per pool per day, and the trade-off."""
+    out.mkdir(parents=True, exist_ok=True)
+    eps = sorted((r for r in rows if r["regime"].startswith("eps ")),
+                 key=lambda r: r["epsilon_day_max"])
+    others = [r for r in rows if not r["regime"].startswith("eps ")]
+    xs = [float(r["regime"].split()[1].split("/")[0]) for r in eps]
+    paths = [out / "privacy-frontier-epsilon.png", out / "privacy-frontier-tradeoff.png"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax = axes[0]
+    ax.plot(xs, [100 * (r["benefit_median"] or 0) for r in eps], "o-", label="median")
+    ax.plot(xs, [100 * (r["benefit_worst"] or 0) for r in eps], "s--", label="worst scenario")
+    ax.axhline(90, color="tab:green", ls=":", alpha=0.6, label="target: median 90%")
+    ax.axhline(75, color="tab:orange", ls=":", alpha=0.6, label="target: worst 75%")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ε per pool per day (hourly releases)")
+    ax.set_ylabel("% of full visibility's mean-JCT benefit")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    for key, label, marker in (("load", "others' load", "o"), ("failure", "a host failed", "s")):
+        acc = [r[key]["accuracy"] for r in eps]
+        lo = [r[key]["accuracy"] - r[key]["low"] for r in eps]
+        hi = [r[key]["high"] - r[key]["accuracy"] for r in eps]
+        ax.errorbar(xs, acc, yerr=[lo, hi], fmt=marker + "-", capsize=3, label=label)
+    ax.axhline(0.55, color="tab:red", ls=":", alpha=0.6, label="target: upper bound 0.55")
+    ax.axhline(0.5, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ε per pool per day (hourly releases)")
+    ax.set_ylabel("attacker balanced accuracy (95% interval)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=DPI)
+    plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, key, what in ((axes[0], "load", "others' load"), (axes[1], "failure",
+                                                               "a host failed")):
+        ax.plot([r[key]["high"] for r in eps], [100 * (r["benefit_median"] or 0) for r in eps],
+                "o-", label="private, hourly, by ε/day")
+        for r, x in zip(eps, xs, strict=True):
+            ax.annotate(f"{x:g}", (r[key]["high"], 100 * (r["benefit_median"] or 0)),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for r in others:
+            ax.scatter([r[key]["high"]], [100 * (r["benefit_median"] or 0)], marker="X",
+                       s=60, label=r["regime"] + (" (default)" if r.get("default") else ""))
+        ax.axvline(0.55, color="tab:red", ls=":", alpha=0.6)
+        ax.axhline(90, color="tab:green", ls=":", alpha=0.6)
+        ax.set_xlabel(f"upper 95% bound of the attack, {what}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("median % of full visibility's benefit")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("The frontier: targets are up and left of the dotted lines", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=DPI)
+    plt.close(fig)
+    return paths

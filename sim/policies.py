@@ -16,7 +16,9 @@ Opportunities and rules:
   first) into the excess, at most one resize per job per ``dwell_s``. If the pool shows
   no free GPUs and a falling trend, hand back one job's opportunistic GPUs (the newest
   grown) before the provider reclaims them by force, which would cost the work since the
-  job's last checkpoint. Default: never resize.
+  job's last checkpoint. "No free GPUs" means the reading's upper edge is below
+  ``reserve``: a private reading (a 90% range around a noisy value) whose lower edge is
+  0 but whose upper edge is wide is not a full pool. Default: never resize.
 * **Fault tolerance.** Checkpoint on every checkpoint advisory; otherwise every
   ``ckpt_interval`` (the engine's fixed schedule, in every regime). When a job's health
   names a degraded member and the pool shows room for the whole job, re-place it (a
@@ -156,7 +158,10 @@ class TenantPolicy:
             return
         if cap.trend is not Trend.FALLING and view.estimate > self.reserve:
             self._grow(jobs, view, now)
-        elif cap.trend is Trend.FALLING and lo == 0:
+        elif cap.trend is Trend.FALLING and cap.gpus_available.hi is not None \
+                and cap.gpus_available.hi < self.reserve:
+            # Only when the reading is sure the pool is (nearly) full: a noisy range whose
+            # lower edge is 0 but whose upper edge is wide says nothing of the kind.
             self._give_back(jobs, now)
 
     def _grow(self, jobs: dict[str, JobView], view: PoolView, now: float) -> None:

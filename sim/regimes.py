@@ -1,7 +1,10 @@
-"""Information regimes: no feed, the redacted feed (and coarser or finer variants), everything.
+"""Information regimes: no feed, the product's feed (private), the coarse feed, everything.
 
 Each regime is just a :class:`RedactionConfig` for the controller's redactor; the
-simulator adds no rules of its own. The sweep varies one knob of the default at a time:
+simulator adds no rules of its own. ``redacted`` is the product's default feed (private
+mode, controller.privacy); :func:`frontier` varies its ε per day and release interval.
+``coarse`` is the feed before it (buckets, k, delay), and its sweep varies one knob of
+that at a time:
 
 * ``bucket``: every bucket edge, host and GPU, multiplied by ``s`` (``s`` = 1 is the
   default). Relative resolution stays a factor of two, but the smallest count told apart
@@ -16,11 +19,17 @@ simulator adds no rules of its own. The sweep varies one knob of the default at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from controller.redaction import Mode, RedactionConfig
 
+if TYPE_CHECKING:
+    from sim.energy import Plan
+
 _DEFAULT = RedactionConfig()
 
+#: The coarse feed's k (its default before private mode published every pool).
+COARSE_MIN_HOSTS = 5
 BUCKET_SCALES = (1, 2, 4, 8, 16)
 #: 0.5 is the previous default (host edges 0, 1, 2, 4, ...; the GPU edges unchanged).
 HOST_SCALES = (0.5, 1, 2, 4)
@@ -35,6 +44,8 @@ class Regime:
     #: Which knob this sweep point varies ("" for the three main regimes) and its value.
     knob: str = ""
     value: float = 0.0
+    #: Tenants declare slack for energy (sim/energy.py); None: nobody does.
+    energy: Plan | None = None
 
 
 def scaled(edges: tuple[int, ...], s: float) -> tuple[int, ...]:
@@ -53,12 +64,26 @@ def full() -> Regime:
     return Regime("full", RedactionConfig(mode=Mode.FULL))
 
 
-def redacted(bucket_scale: int = 1, *, host_scale: float = 1, min_hosts: int | None = None,
-             min_interval: float | None = None, knob: str = "", value: float = 0.0,
+def redacted(epsilon_per_day: float | None = None, release_interval: float | None = None, *,
+             gpu_share: float | None = None, knob: str = "", value: float = 0.0,
              name: str = "redacted") -> Regime:
+    """The product's feed: private mode, by default exactly the controller's defaults."""
+    cfg = RedactionConfig(
+        mode=Mode.PRIVATE,
+        epsilon_per_day=_DEFAULT.epsilon_per_day if epsilon_per_day is None else epsilon_per_day,
+        release_interval=(_DEFAULT.release_interval if release_interval is None
+                          else release_interval),
+        gpu_share=_DEFAULT.gpu_share if gpu_share is None else gpu_share)
+    return Regime(name, cfg, knob, value)
+
+
+def coarse(bucket_scale: int = 1, *, host_scale: float = 1, min_hosts: int | None = None,
+           min_interval: float | None = None, knob: str = "", value: float = 0.0,
+           name: str = "coarse") -> Regime:
+    """The feed before private mode: buckets, k hosts at least, delay and jitter."""
     cfg = RedactionConfig(
         mode=Mode.REDACTED,
-        min_hosts=_DEFAULT.min_hosts if min_hosts is None else min_hosts,
+        min_hosts=COARSE_MIN_HOSTS if min_hosts is None else min_hosts,
         host_buckets=scaled(_DEFAULT.host_buckets, bucket_scale * host_scale),
         gpu_buckets=scaled(_DEFAULT.gpu_buckets, bucket_scale),
         min_interval=_DEFAULT.min_interval if min_interval is None else min_interval,
@@ -70,20 +95,38 @@ def main_regimes() -> list[Regime]:
     return [none(), redacted(), full()]
 
 
-def sweep() -> list[Regime]:
-    """The default redacted feed and each one-knob variation of it (default included once)."""
-    points = [redacted(knob="default", value=0.0)]
-    points += [redacted(bucket_scale=s, knob="bucket", value=s, name=f"bucket x{s}")
+def coarse_sweep() -> list[Regime]:
+    """The coarse feed and each one-knob variation of it (its default included once)."""
+    points = [coarse(knob="default", value=0.0)]
+    points += [coarse(bucket_scale=s, knob="bucket", value=s, name=f"bucket x{s}")
                for s in BUCKET_SCALES if s != 1]
-    points += [redacted(host_scale=s, knob="host", value=s, name=f"host x{s:g}")
+    points += [coarse(host_scale=s, knob="host", value=s, name=f"host x{s:g}")
                for s in HOST_SCALES if s != 1]
-    points += [redacted(min_hosts=k, knob="k", value=k, name=f"k={k}")
-               for k in MIN_HOSTS if k != _DEFAULT.min_hosts]
-    points += [redacted(min_interval=i, knob="interval", value=i, name=f"interval {i:g}s")
+    points += [coarse(min_hosts=k, knob="k", value=k, name=f"k={k}")
+               for k in MIN_HOSTS if k != COARSE_MIN_HOSTS]
+    points += [coarse(min_interval=i, knob="interval", value=i, name=f"interval {i:g}s")
                for i in MIN_INTERVALS if i != _DEFAULT.min_interval]
     return points
 
 
+#: The private frontier: ε per pool per day with hourly releases, then the release
+#: interval at the default ε (the default's 900 s among them).
+EPSILONS = (3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 192.0)
+EPSILON_SWEEP_INTERVAL = 3600.0
+INTERVALS = (900.0, 1800.0, 7200.0)
+
+
+def frontier() -> list[Regime]:
+    """Private mode over ε per day (hourly releases) and over the interval (default ε)."""
+    points = [redacted(epsilon_per_day=e, release_interval=EPSILON_SWEEP_INTERVAL,
+                       knob="epsilon", value=e, name=f"eps {e:g}/day")
+              for e in EPSILONS]
+    points += [redacted(release_interval=i, knob="interval", value=i,
+                        name=f"every {i:g}s")
+               for i in INTERVALS if i != EPSILON_SWEEP_INTERVAL]
+    return points
+
+
 def knob_default(knob: str) -> float:
-    return {"bucket": 1.0, "host": 1.0, "k": float(_DEFAULT.min_hosts),
+    return {"bucket": 1.0, "host": 1.0, "k": float(COARSE_MIN_HOSTS),
             "interval": _DEFAULT.min_interval}[knob]

@@ -174,3 +174,15 @@ def pool_table(outcomes: Sequence[Outcome], scenario: Scenario, min_hosts: int,
         ("covered", "redacted feed publishes it"), ("none", "JCT none"),
         ("red", "JCT redacted"), ("full", "JCT full"), ("share", "kept"),
     ])
+
+
+def frontier_rows(points: Sequence[Outcome], none: Outcome, full: Outcome) -> list[dict]:
+    """One scenario's sweep points in the shape sim.plots.frontier_figures draws."""
+    rows = []
+    for o in points:
+        share = benefit_share(none.summary.mean_jct_h, o.summary.mean_jct_h,
+                              full.summary.mean_jct_h)
+        rows.append({"regime": o.regime.name, "benefit_median": share,
+                     "benefit_worst": share, "epsilon_day_max": o.epsilon_day_max,
+                     "load": vars(o.load_attack), "failure": vars(o.failure_attack)})
+    return rows

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.attack import AttackScore, failure_attack, load_attack
 from sim.cluster import (
     Cluster,
     CongestionSpec,
@@ -19,6 +18,7 @@ from sim.cluster import (
     size_cluster,
 )
 from sim.engine import RunResult, Simulation
+from sim.learned import AttackData, LearnedScore, failure_data, load_data, score
 from sim.metrics import Summary, per_pool_jct, summarize
 from sim.model import SimConfig
 from sim.regimes import Regime
@@ -49,13 +49,19 @@ class Outcome:
 
     regime: Regime
     summary: Summary
-    load_attack: AttackScore
-    failure_attack: AttackScore
+    #: The learned attacks on this run alone (sim.learned); a run's failure attack rests
+    #: on few positives, so reports pool runs' ``*_data`` with :func:`sim.learned.score`.
+    load_attack: LearnedScore
+    failure_attack: LearnedScore
     counters: dict[str, int]
     policy: dict[str, int] = field(default_factory=dict)
     breakdown_gpu_h: dict[str, float] = field(default_factory=dict)
     #: Per pool: (jobs finished, mean JCT in hours).
     per_pool: dict[str, tuple[int, float]] = field(default_factory=dict)
+    load_data: AttackData | None = None
+    failure_data: AttackData | None = None
+    #: ε each pool spent over the run's busiest 24 hours (private mode; 0 otherwise).
+    epsilon_day_max: float = 0.0
 
 
 def build(cfg: SimConfig, jobs: Sequence[JobSpec], faults: FaultTrace | None) -> Scenario:
@@ -87,7 +93,9 @@ def simulate(scenario: Scenario, regime: Regime) -> RunResult:
                       faults=scenario.faults, congestion=scenario.congestion).run()
 
 
-def evaluate(scenario: Scenario, regime: Regime) -> Outcome:
+def evaluate(scenario: Scenario, regime: Regime, *, score_runs: bool = True) -> Outcome:
+    """Simulate and measure; ``score_runs``: also run the learned attacks on this run alone
+    (the evaluation pools many runs' attack data instead, sim.evaluation)."""
     result = simulate(scenario, regime)
     cfg = scenario.cfg
     policy: dict[str, int] = {}
@@ -96,10 +104,17 @@ def evaluate(scenario: Scenario, regime: Regime) -> Outcome:
             policy[k] = policy.get(k, 0) + v
     breakdown = {f"rollback {k}": v / 3600 for k, v in result.rollback_gpu_s.items()}
     breakdown.update({f"pause {k}": v / 3600 for k, v in result.pause_gpu_s.items()})
+    tag = f"{cfg.seed}:{regime.name}"
+    loads = load_data(result.records, cfg.sample_s, tag)
+    failures = failure_data(result.records, cfg.attack_window_s, cfg.sample_s, tag)
+    unscored = LearnedScore("not scored", 0.5, 0.5, 0.5, 0.5, 0, 0, "", 0)
     return Outcome(regime, summarize(result),
-                   load_attack(result.records, scenario.cluster.gpus_per_node),
-                   failure_attack(result.records, cfg.attack_window_s),
-                   dict(result.counters), policy, breakdown, per_pool_jct(result))
+                   score("others' load above median", [loads], cfg.seed) if score_runs
+                   else unscored,
+                   score("a host failed in the window", [failures], cfg.seed) if score_runs
+                   else unscored,
+                   dict(result.counters), policy, breakdown, per_pool_jct(result),
+                   loads, failures, result.epsilon_day_max)
 
 
 _SHARED: Scenario | None = None

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from harmonaize import wireaudit
 from harmonaize.testbed.netns import Lab
+from tests.wirecheck import Audit
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -41,6 +43,33 @@ def host_kind(request: pytest.FixtureRequest) -> str:
     if reason is not None:
         pytest.skip(f"--vagrant: {reason}")
     return "vagrant"
+
+
+@pytest.fixture(scope="session")
+def wire_audit() -> Iterator[Audit]:
+    """Every process of the session writes what it encodes for tenants here."""
+    path = Path(tempfile.mkdtemp(prefix="hz-wire-audit-"))
+    previous = os.environ.get(wireaudit.ENV)
+    os.environ[wireaudit.ENV] = str(path)  # the daemons the tests start inherit it
+    wireaudit.install(str(path))  # and this process, for the in-memory tests
+    yield Audit(path)
+    if previous is None:
+        os.environ.pop(wireaudit.ENV, None)
+    else:
+        os.environ[wireaudit.ENV] = previous
+    wireaudit.install()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def conforms_to_the_spec(wire_audit: Audit) -> Iterator[None]:
+    """After each test (and its processes' teardown): whatever was sent to or by a
+    tenant validates against the published spec, docs/feed.asyncapi.yaml."""
+    yield
+    found = wire_audit.check()
+    if found:
+        pytest.fail(f"{len(found)} tenant-facing messages do not match "
+                    f"docs/feed.asyncapi.yaml, e.g.:\n" + "\n".join(found[:5]), pytrace=False)
 
 
 @pytest.fixture

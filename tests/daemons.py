@@ -61,7 +61,7 @@ class Agent:
 #: Tests run one or two hosts: let aggregates through at once (the product's
 #: defaults hold them back until 5 hosts and 10 s apart; tests/test_redaction
 #: covers those rules).
-SMALL_CLUSTER = "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
+SMALL_CLUSTER = "[redaction]\nmode = \"redacted\"\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
 
 #: Agents in the test's own namespace must not attach to this machine's NICs.
 NO_LINKS = "[observers.links]\nenabled = false\n"

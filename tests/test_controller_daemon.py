@@ -108,8 +108,17 @@ def test_a_restart_keeps_hosts_sequence_numbers_and_feed_order(
     agent.send(SUMMARY, seq=3)
     assert agent.recv() == m.Ack(3)  # a resend of something stored is not applied twice
     with tenant_feed(controller, ["pool/"], context=ctx) as feed:
+        present = feed.recv(timeout=10)
+        # Nothing changed: a late joiner gets the condition as it was, number and all
+        # (a restart is no news), and the next change is numbered after it.
+        assert before is not None and present is not None
+        assert (present.seq, present.body) == (before.seq, before.body)
+        agent.send(m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8, in_use=8)),
+                   seq=4)
+        assert agent.recv() == m.Ack(4)
         after = feed.recv(timeout=10)
-    assert before is not None and after is not None and after.seq > before.seq
+    assert after is not None and after.seq == before.seq + 1
+    assert after.body.revision == before.body.revision + 1
 
 
 def test_a_real_agent_reconnects_after_the_controller_goes_away(spawn, workdir: Path) -> None:

@@ -132,9 +132,13 @@ def test_tenants_see_only_their_own_jobs(spawn, workdir: Path, ctx: zmq.Context)
         assert {a.job for a in beta_saw} == {"job-b"} and len(beta_saw) == 5
         refused = {r.topic: r.reason for r in beta.refused}
         assert beta.tenant == "beta" and alpha.tenant == "alpha"
-        assert refused == {"job/alpha/": "not your job", "job/": "job topics only under job/beta/",
-                           "job/beta": "job topics only under job/beta/",
+        assert refused == {"job/alpha/": "not your job",
+                           "job/": "too broad: subscribe to pool/ or job/beta/",
+                           "job/beta": "too broad: subscribe to pool/ or job/beta/",
                            "": "too broad: subscribe to pool/ or job/beta/"}
+        assert {r.topic: r.code for r in beta.refused} == {
+            "job/alpha/": "not-your-job", "job/": "too-broad", "job/beta": "too-broad",
+            "": "too-broad"}
     status = controller.request("status")
     assert status["feed_stats"]["refused_subscriptions"] >= 4
     assert "refused tenant 'beta' a subscription to 'job/alpha/'" in controller.log.read_text()

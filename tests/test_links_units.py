@@ -144,7 +144,7 @@ def test_rdma_rates_from_the_fixture_tree(rdma_tree: Path) -> None:
     observer = RdmaObserver(RdmaSection(sysfs_root=str(rdma_tree),
                                         link_classes={"eth2": "fabric"}), clock)
     observer.start()
-    assert observer.describe()["ports"] == ["mlx4_0/1", "mlx5_0/1"]
+    assert observer.describe()["ports"] == ["mlx4_0/1", "mlx5_0/1", "mlx5_1/1"]
     port = "mlx5_0/ports/1"
     write(rdma_tree, f"{port}/counters/port_xmit_data", 1000 + 25_000_000)  # words
     write(rdma_tree, f"{port}/counters/port_xmit_packets", 100 + 10_000)
@@ -162,6 +162,14 @@ def test_rdma_rates_from_the_fixture_tree(rdma_tree: Path) -> None:
     assert mlx5.cnp_handled_per_s == 300 and mlx5.retransmits_per_s == 10
     assert mlx5.congestion_fraction == pytest.approx(300 / 10_000)
     assert mlx5.rate_gbps == 100.0 and mlx5.state == "ACTIVE"
+    # Cumulative since start, in bytes; retransmissions and timeouts apart.
+    assert mlx5.totals.tx_bytes == 25_000_000 * 4 and mlx5.totals.tx_packets == 10_000
+    assert (mlx5.totals.cnp_handled, mlx5.totals.ecn_marked) == (300, 50)
+    assert (mlx5.totals.retransmits, mlx5.totals.timeouts) == (7, 3)
+    write(rdma_tree, f"{port}/hw_counters/rp_cnp_handled", 10)   # reset: counts from 0 again
+    clock.now += 1.0
+    again = next(p for p in observer.sample(0.0).ports if p.device == "mlx5_0")
+    assert again.totals.cnp_handled == 310 and again.totals.tx_packets == 10_000
 
 
 def test_rdma_counters_that_wrap_saturate_reset_or_vanish(rdma_tree: Path) -> None:
@@ -187,7 +195,8 @@ def test_rdma_counters_that_wrap_saturate_reset_or_vanish(rdma_tree: Path) -> No
     shutil.rmtree(rdma_tree / "class/infiniband/mlx5_0")      # the device disappears
     clock.now += 1.0
     sample = observer.sample(0.0)
-    assert sample.missing == ("mlx5_0/1",) and [p.device for p in sample.ports] == ["mlx4_0"]
+    assert sample.missing == ("mlx5_0/1",)
+    assert [p.device for p in sample.ports] == ["mlx4_0", "mlx5_1"]
 
 
 def test_no_rdma_devices_is_feature_absent(tmp_path: Path) -> None:

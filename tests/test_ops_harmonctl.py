@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.harmonctl import LOCAL, build_parser, subcommands
+from harmonaize.harmonctl import LOCAL, TOKEN_COMMANDS, build_parser, subcommands
 from tests.conftest import needs_root, python
 from tests.daemons import NO_LINKS, fake_gpus, gpu_section, start_agent, start_controller
 
@@ -22,8 +22,10 @@ pytestmark = pytest.mark.ops
 COMMANDS: list[tuple[str, str, list[str]]] = [
     ("status", "agent", []),
     ("links", "agent", []),
+    ("rdma", "agent", []),
     ("gpus", "agent", []),
     ("health", "agent", []),
+    ("energy", "agent", []),
     ("drain", "agent", ["--reason", "maintenance"]),
     ("undrain", "agent", []),
     ("drain", "agent", ["--gpu", "1", "--reason", "looks odd"]),
@@ -44,6 +46,9 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("feed", "controller", []),
     ("tenants", "controller", []),
     ("pools", "controller", []),
+    ("privacy", "controller", []),
+    ("token", "controller", ["issue", "--tenant", "acme", "--days", "1"]),
+    ("token", "controller", ["list"]),
     ("unplace", "controller", ["j1"]),
     ("help", "controller", []),
     ("keygen", "local", ["ops-test", "--dir", "@keys"]),
@@ -81,8 +86,9 @@ def test_every_command_prints_json_that_parses(spawn, workdir: Path) -> None:
         "controller": set(controller.request("help")),
     }
     for name, target, args in COMMANDS:
+        remote = TOKEN_COMMANDS[args[0]] if name == "token" else name
         if target != "local":
-            assert name in offered[target], f"the {target} does not offer {name!r}"
+            assert remote in offered[target], f"the {target} does not offer {remote!r}"
         argv = [str(files.get(a, a)) for a in args]
         prefix = {"agent": ["-s", str(agent.socket)],
                   "controller": ["-C", str(controller.admin)], "local": []}[target]

@@ -40,7 +40,11 @@ pytestmark = pytest.mark.ops
 #: Every label the daemons may use: small fixed sets, never a host, job, flow or GPU.
 ALLOWED_LABELS = {"observer", "state", "hook", "health", "type", "reason", "outcome",
                   "collector", "version", "pool", "gpu_class",
-                  "port"}  # the controller's two ports: agents, feed
+                  "port",  # the controller's two ports: agents, feed; an RDMA device's port
+                  # The host's own NICs, as node_exporter labels them, with the direction,
+                  # traffic class and where a drop happened.
+                  "device", "direction", "class", "source",
+                  "setting"}  # a DCQCN setting's name (RDMA congestion control)
 
 
 def parse_text(text: str) -> dict[str, object]:

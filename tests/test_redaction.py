@@ -29,7 +29,9 @@ from harmonaize.schema import to_plain
 
 pytestmark = pytest.mark.controller
 
-CFG = RedactionConfig()  # the product's defaults: k = 5, 10 s apart, 2 s jitter
+#: The coarse feed's rules (its defaults: 10 s apart, 2 s jitter) with its k of 5; the
+#: private mode's are in tests/test_sim_privacy.py.
+CFG = RedactionConfig(mode=Mode.REDACTED, min_hosts=5)
 
 
 def host(i: int, pool: str = "p", *, alive: bool = True, healthy: int = 8,
@@ -169,7 +171,7 @@ def test_no_publication_leaks_and_every_aggregate_covers_k_hosts(
     scenario: tuple, k: int, seed: int
 ) -> None:
     hosts, placements, steps = scenario
-    cfg = RedactionConfig(min_hosts=k)
+    cfg = RedactionConfig(mode=Mode.REDACTED, min_hosts=k)
     redactor = Redactor(cfg, random.Random(seed))
     owner = {p.job: p.tenant for p in placements}
     for placement in placements:

@@ -55,7 +55,8 @@ def capacity(up: Bucket, down: Bucket, gpus: Bucket, trend: Trend, revision: int
 
 def test_capacity_updates_are_exact_delayed_jittered_and_trend_their_way() -> None:
     rng = Drawn()
-    red = Redactor(RedactionConfig(min_hosts=2, min_interval=10.0, jitter=2.0), rng)
+    red = Redactor(RedactionConfig(mode=Mode.REDACTED, min_hosts=2, min_interval=10.0,
+                                   jitter=2.0), rng)
     # Pool "a" has too few hosts to publish; it sorts first and must not stop pool "p".
     fleet = [host("a0", "a"), *(host(f"p{i}") for i in range(8))]
     red.observe(fleet, 0.0)
@@ -83,7 +84,8 @@ def test_capacity_updates_are_exact_delayed_jittered_and_trend_their_way() -> No
 
 def test_without_jitter_nothing_is_drawn_and_updates_come_at_the_interval() -> None:
     rng = Drawn()
-    red = Redactor(RedactionConfig(min_hosts=1, min_interval=10.0, jitter=0.0), rng)
+    red = Redactor(RedactionConfig(mode=Mode.REDACTED, min_hosts=1, min_interval=10.0,
+                                   jitter=0.0), rng)
     red.observe([host("p0")], 3.0)
     assert [p.at for p in red.due(3.0)] == [3.0]
     red.observe([host("p0", alive=False)], 4.0)
@@ -92,7 +94,7 @@ def test_without_jitter_nothing_is_drawn_and_updates_come_at_the_interval() -> N
 
 
 def test_job_health_names_each_member_by_its_hosts_state() -> None:
-    red = Redactor(RedactionConfig(min_hosts=100), random.Random(1))
+    red = Redactor(RedactionConfig(mode=Mode.REDACTED, min_hosts=100), random.Random(1))
     red.place(Placement("job-1", "acme", (
         Member("0", "gone"), Member("1", "quarantining"), Member("2", "drained"),
         Member("3", "congested"), Member("4", "fine"))))
@@ -135,7 +137,7 @@ def test_job_health_names_each_member_by_its_hosts_state() -> None:
 
 
 def test_observing_some_jobs_recomputes_only_theirs_in_the_order_given() -> None:
-    red = Redactor(RedactionConfig(min_hosts=100), random.Random(1))
+    red = Redactor(RedactionConfig(mode=Mode.REDACTED, min_hosts=100), random.Random(1))
     for job in ("job-a", "job-b", "job-c"):
         red.place(Placement(job, "acme", (Member("0", "h1"),)))
     red.observe([host("h1", alive=False)], 1.0, jobs=["job-c", "job-gone", "job-a"])
@@ -175,12 +177,17 @@ def test_advice_and_notices_are_rebuilt_field_by_field() -> None:
     assert red.advisory("g1", notice(1000), 4.0, wall, max_pause=600) == "pause_not_allowed"
     assert red.advisory("g1", notice(1000, wall + 30.123456), 4.0, wall) is None  # 1800 cap
     one, thousand = red.due(4.0)
-    assert one == Publication("job/acme/job-1/", notice(1), "acme", 4.0)
-    assert thousand.body == ValidationNotice("job-1", ("0",), 1000, wall + 30.123)
+    # not_before is the start too (the controller's, rounded), with no id or deferral
+    # unless the controller gives them.
+    assert one == Publication("job/acme/job-1/", ValidationNotice(
+        "job-1", ("0",), 1, wall + 30.0, "", wall + 30.0), "acme", 4.0)
+    assert thousand.body == ValidationNotice("job-1", ("0",), 1000, wall + 30.123, "",
+                                             wall + 30.123)
 
 
 def test_a_pending_update_is_replaced_by_newer_content_and_keeps_its_time() -> None:
-    red = Redactor(RedactionConfig(min_hosts=2, min_interval=10.0, jitter=2.0), Drawn())
+    red = Redactor(RedactionConfig(mode=Mode.REDACTED, min_hosts=2, min_interval=10.0,
+                                   jitter=2.0), Drawn())
     fleet = [host(f"p{i}") for i in range(8)]
     red.observe(fleet, 0.0)
     red.due(1.5)

@@ -312,9 +312,10 @@ def test_a_declaration_is_answered_after_it_is_stored_and_forwarded(tmp_path: Pa
     # Another tenant's request for the job: refused, nothing stored or forwarded.
     (refused,) = core.receive(TenantPeer(b"t2", "beta"), tenant_frame(declaration), 0.2)
     assert isinstance(refused, AnswerTenant) and not refused.message.ok  # type: ignore[attr-defined]
+    assert refused.message.code == "not-placed"  # type: ignore[attr-defined]
     # Bad input: one answer for a request that named its number, none for bad framing.
     (bad,) = core.receive(TenantPeer(b"t1", TENANT), BadFrame("invalid", "no", 9), 0.3)
-    assert bad == AnswerTenant(b"t1", m.Reply(9, False, "rejected: no"))
+    assert bad == AnswerTenant(b"t1", m.Reply(9, False, "rejected: no", "invalid"))
     assert core.receive(TenantPeer(b"t1", TENANT), BadFrame("framing", "3 frames"), 0.3) == []
     assert core.feed.stats["bad_request"] == 2
 
@@ -333,7 +334,8 @@ def pool_sends(outputs: list[Output]) -> list[m.Message]:
 
 
 def test_a_held_back_capacity_update_goes_out_at_its_deadline_and_not_before() -> None:
-    core = ControllerCore(config(redaction={"min_interval": 5.0, "jitter": 2.0}), 0.0,
+    core = ControllerCore(config(redaction={"mode": "redacted", "min_interval": 5.0,
+                                          "jitter": 2.0}), 0.0,
                           rng=random.Random(5))
     core.receive(TenantPeer(b"t1", TENANT), tenant_frame(m.Subscribe(("pool/",))), 0.0)
     peer = AgentPeer(b"c1", HOST)

@@ -18,12 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The sans-I/O engines: decisions from inputs and an explicit ``now``.
 ENGINES = (
-    "agent.host.health", "agent.host.rules", "agent.gpu.health", "agent.links.health",
+    "agent.host.health", "agent.host.rules", "agent.gpu.health", "agent.gpu.energy",
+    "agent.links.health",
     "agent.tuning.loop", "agent.tuning.policies", "agent.tuning.layout",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
+    "agent.rdma.cc", "agent.rdma.ccparams",
     "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
     "controller.declarations", "controller.publications", "controller.outputs",
-    "controller.views", "controller.types",
+    "controller.views", "controller.types", "controller.notices",
 )
 #: Modules that do I/O (or serve it), directly or by what they exist for.
 IO_MODULES = frozenset({
@@ -123,7 +125,7 @@ def test_the_agents_top_level_is_domains_the_shell_and_a_few_shared_modules() ->
     assert {p.stem for p in (top / "observers").glob("*.py")} == {"__init__", "base"}
 
 
-@pytest.mark.parametrize("domain", [d for d in DOMAINS if d != "rdma"])
+@pytest.mark.parametrize("domain", DOMAINS)
 def test_each_domain_with_commands_holds_them_and_the_daemon_only_wires_them(
         domain: str) -> None:
     assert source(f"agent.{domain}.commands"), domain

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from sim import cli
-from sim.regimes import scaled, sweep
+from sim.regimes import EPSILON_SWEEP_INTERVAL, coarse_sweep, frontier, redacted, scaled
 
 pytestmark = pytest.mark.sim
 
@@ -49,15 +49,28 @@ def test_cli_compares_regimes_and_writes_the_figures(traces, tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0
     for word in ("none", "redacted", "full", "mean JCT", "Share of full visibility",
-                 "Sweep over the redaction", "attack: load"):
+                 "Sweep over the private feed", "attack: load"):
         assert word in text
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["sim-attack-vs-coarseness.png", "sim-outcome-vs-coarseness.png",
-                    "sim-privacy-utility-frontier.png"]
+    assert pngs == ["privacy-frontier-epsilon.png", "privacy-frontier-tradeoff.png"]
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     report = json.loads((tmp_path / "r.json").read_text())
-    assert len(report["outcomes"]) == 3 + len(sweep()) - 1
+    others = [r for r in frontier() if r.redaction != redacted().redaction]
+    assert len(report["outcomes"]) == 3 + len(others)
     assert {o["summary"]["jobs"] for o in report["outcomes"]} == {160}
+
+
+def test_cli_sweeps_the_coarse_feed_on_request(traces, tmp_path, capsys):
+    jobs, faults = traces
+    out = tmp_path / "figs"
+    rc = cli.main(["--jobs", str(jobs), "--faults", str(faults), "--sweep", "coarse",
+                   "--out", str(out), "--workers", "1", "--json", str(tmp_path / "r.json")])
+    assert rc == 0 and "Sweep over the coarse feed" in capsys.readouterr().out
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "sim-attack-vs-coarseness.png", "sim-outcome-vs-coarseness.png",
+        "sim-privacy-utility-frontier.png"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["outcomes"]) == 3 + len(coarse_sweep())
 
 
 def test_cli_is_deterministic_under_a_seed(traces, tmp_path, capsys):
@@ -81,7 +94,17 @@ def test_cli_reports_a_bad_trace_line_and_exits_2(tmp_path, capsys):
 
 
 def test_sweep_points_vary_one_knob_each():
-    points = sweep()
+    private = frontier()
+    assert len({p.name for p in private}) == len(private)
+    default = redacted().redaction
+    for p in private:
+        assert p.redaction.mode == default.mode
+        if p.knob == "epsilon":
+            assert p.redaction.release_interval == EPSILON_SWEEP_INTERVAL
+        else:
+            assert p.knob == "interval" and p.redaction.epsilon_per_day == default.epsilon_per_day
+    assert any(p.redaction == default for p in private)  # the default is on the frontier
+    points = coarse_sweep()
     assert len({p.name for p in points}) == len(points)
     assert scaled((0, 1, 2, 4), 4) == (0, 4, 8, 16)
     assert scaled((0, 2, 4, 8), 0.5) == (0, 1, 2, 4)

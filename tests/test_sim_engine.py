@@ -80,7 +80,7 @@ FAULT = FaultSpec(0, 5000.0, 6000.0, soft=False, lead=600.0, fault_class="GPU",
 @pytest.mark.parametrize(("regime", "finish", "lost"), [
     (regimes.none(), 12760.0, 1340.0),
     (regimes.full(), 12020.0, 540.0),
-    (regimes.redacted(), 12020.0, 540.0),  # advisories are the job owner's: no k, no delay
+    (regimes.coarse(), 12020.0, 540.0),  # advisories are the job owner's: no k, no delay
 ])
 def test_fault_loses_work_since_the_last_checkpoint(regime, finish, lost):
     cfg = config(ckpt_interval=3600, ckpt_cost=60, restart_cost=300)
@@ -104,8 +104,8 @@ SOFT = FaultSpec(0, 1000.0, 3000.0, soft=True, lead=None, fault_class="NIC",
     (regimes.full(), 10360.0),
     # Two hosts are fewer than k = 5: no capacity is published, so the tenant does not
     # know there is room elsewhere and stays (where the redacted feed falls short).
-    (regimes.redacted(), 10800.0),
-    (regimes.redacted(min_hosts=1), 10360.0),
+    (regimes.coarse(), 10800.0),
+    (regimes.coarse(min_hosts=1), 10360.0),
 ])
 def test_degraded_member_is_replaced_when_the_feed_shows_room(regime, finish):
     cfg = config(nodes=2, ckpt_interval=NO_CKPT, ckpt_cost=60, restart_cost=300)
@@ -197,7 +197,7 @@ def random_scenario(seed: int, n_jobs: int = 300) -> Scenario:
                     tuple(congestion_episodes(cluster, cfg, 8 * 86400)))
 
 
-@pytest.mark.parametrize("regime", [regimes.none(), regimes.redacted(min_hosts=1),
+@pytest.mark.parametrize("regime", [regimes.none(), regimes.coarse(min_hosts=1),
                                     regimes.full()], ids=lambda r: r.name)
 def test_conservation_under_faults_congestion_and_elasticity(regime):
     s = random_scenario(7)
@@ -223,7 +223,7 @@ def test_conservation_under_faults_congestion_and_elasticity(regime):
 
 def test_runs_are_deterministic_under_a_seed():
     s = random_scenario(3, n_jobs=200)
-    red = regimes.redacted(min_hosts=1)  # uses the release jitter RNG
+    red = regimes.coarse(min_hosts=1)  # uses the release jitter RNG
     first, second = evaluate(s, red), evaluate(s, red)
     assert first == second
     in_parallel = evaluate_all(s, [regimes.none(), red], workers=2)
@@ -254,12 +254,12 @@ def test_job_feeds_reach_only_the_owner():
 def test_pools_below_k_hosts_publish_nothing():
     cfg = config(nodes=2)
     jobs = [job(0, 0, 100, 8)]
-    assert run(cfg, jobs, regimes.redacted()).counters["publications_pool"] == 0
+    assert run(cfg, jobs, regimes.coarse()).counters["publications_pool"] == 0
     assert run(cfg, jobs, regimes.full()).counters["publications_pool"] > 0
     assert run(cfg, jobs, regimes.none()).counters["publications_pool"] == 0
 
 
-@pytest.mark.parametrize("regime", [regimes.redacted(min_hosts=1), regimes.full()],
+@pytest.mark.parametrize("regime", [regimes.coarse(min_hosts=1), regimes.full()],
                          ids=lambda r: r.name)
 def test_narrowed_observations_change_no_outcome(monkeypatch, regime):
     # The bridge hands the redactor only the jobs whose health can have changed; handing

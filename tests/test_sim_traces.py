@@ -206,7 +206,7 @@ def test_the_public_traces_load_whole():
 def test_a_slice_of_the_public_traces_simulates_to_the_end():
     scenario = from_traces(SimConfig(), opts=JobTraceOptions(start_day=30, days=2))
     assert 1000 < len(scenario.jobs) < 10000 and scenario.faults
-    for regime in (regimes.none(), regimes.redacted()):
+    for regime in (regimes.none(), regimes.coarse()):
         outcome = evaluate(scenario, regime)
         assert outcome.summary.finished == len(scenario.jobs)
         assert outcome.summary.utilization <= 1.0

@@ -203,7 +203,7 @@ def test_a_killed_agents_classes_are_removed_by_the_next(spawn, workdir: Path,
                in agent.log.read_text(), what="the clean-up")
     qdiscs, classes, filters = shaping(lab)
     assert "htb" not in qdiscs and not classes and "hz_bulk" not in filters
-    assert "hz_tc_egress" in filters  # the link observer's own filter is untouched
+    assert "hz_tc_e0" in filters  # the link observer's own filter is untouched
 
     declare(agent, DECLARATION)
     wait_until(lambda: shaped(lab), what="the classes again")

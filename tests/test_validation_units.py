@@ -156,8 +156,30 @@ def test_a_tenants_gpu_waits_unless_its_job_allows_the_pause() -> None:
 def test_a_job_that_withdraws_its_allowance_is_not_paused() -> None:
     p = planner()
     busy = gpu(2, "suspect", (JobRef("job-a"),))
-    step(p, [busy], 0.0, allowance=lambda job: 120.0)
+    (plan,) = step(p, [busy], 0.0, allowance=lambda job: 120.0)[1]
     assert step(p, [busy], 10.0, allowance=lambda job: 0.0)[0] == []
+    assert p.take_cancelled() == [plan] and p.take_cancelled() == []  # its jobs are told
+
+
+@pytest.mark.tenant
+def test_answers_start_a_shared_gpu_only_when_every_job_approved() -> None:
+    p = planner(notice_lead=100.0)
+    shared = gpu(2, "suspect", (JobRef("job-a", "1"), JobRef("job-b", "7")))
+    (plan,) = step(p, [shared], 0.0, allowance=lambda job: 120.0)[1]
+    assert plan.id == "v-1" and plan.jobs == ("job-a", "job-b") and plan.start_at == 100.0
+    assert p.answer("v-9", "job-a", 1.0, approve=True)[0] is None  # no such plan
+    assert p.answer(plan.id, "job-c", 1.0, approve=True)[0] is None  # not told of it
+    # One job's approval is not enough; the other one defers, within its allowance.
+    assert p.answer(plan.id, "job-a", 1.0, approve=True)[0].start_at == 100.0
+    moved, why = p.answer(plan.id, "job-b", 2.0, defer=900.0, max_defer=300.0)
+    assert moved.start_at == 400.0 and why == "deferred by 300 s"
+    assert p.answer(plan.id, "job-b", 3.0, defer=10.0, max_defer=300.0)[0] is None  # once
+    assert p.answer(plan.id, "job-a", 3.0, defer=10.0)[1] == \
+        "job job-a's declaration allows no deferral"
+    assert step(p, [shared], 50.0, allowance=lambda job: 120.0) == ([], [])
+    started, _ = p.answer(plan.id, "job-b", 60.0, approve=True)
+    assert started.start_at == 60.0 and started.approved == {"job-a", "job-b"}
+    assert [s.key for s in step(p, [shared], 60.0, allowance=lambda job: 120.0)[0]] == ["gpu:2"]
 
 
 def test_operators_skip_cooldowns_and_repairs_are_revalidated() -> None:

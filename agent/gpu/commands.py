@@ -1,5 +1,6 @@
-"""The GPU domain's operator commands: ``gpus`` (telemetry, counters, state, jobs)
-and ``health`` (why each GPU and the host are in their state)."""
+"""The GPU domain's operator commands: ``gpus`` (telemetry, counters, state, jobs),
+``health`` (why each GPU and the host are in their state) and ``energy`` (power limits
+the energy loop set, what they saved, and why)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from harmonaize.opsocket import Command
 from harmonaize.schema import to_plain
 
 if TYPE_CHECKING:
+    from agent.gpu.energyservice import EnergyService
     from agent.host.health import HealthStep
     from agent.observers.base import ObserverSet
 
@@ -21,6 +23,7 @@ class Shell(Protocol):
     observers: ObserverSet
     last_step: HealthStep | None
     advisories_sent: int
+    energy: EnergyService | None
 
     @property
     def gpu_class(self) -> str: ...
@@ -35,7 +38,15 @@ def commands(shell: Shell) -> dict[str, Command]:
         "gpus": Command(lambda args: gpus_view(shell), "GPU telemetry, counters, state and jobs"),
         "health": Command(lambda args: health_view(shell),
                           "why each GPU and the host are in their state"),
+        "energy": Command(lambda args: energy_view(shell),
+                          "power limits per GPU: set, original, draw, energy saved, why"),
     }
+
+
+def energy_view(shell: Shell) -> dict[str, Any]:
+    if shell.energy is None:
+        return {"enabled": False, "gpus": [], "jobs": [], "changes": {}, "left_lowered": []}
+    return shell.energy.view()
 
 
 def gpus_view(shell: Shell) -> dict[str, Any]:

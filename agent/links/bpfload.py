@@ -42,6 +42,8 @@ class Request:
     programs: dict[str, str] = field(default_factory=dict)
     #: "category:event" -> program name.
     tracepoints: dict[str, str] = field(default_factory=dict)
+    #: C appended to the source before compiling (programs generated for this load).
+    extra: str = ""
 
 
 @dataclass
@@ -126,8 +128,12 @@ def _child(channel: socket.socket) -> None:
     keep = []  # the BPF objects must outlive the send
     for request in requests:
         try:
-            bpf = BPF(src_file=request.source.encode(),
-                      cflags=list(request.cflags))
+            if request.extra:
+                with open(request.source, encoding="utf-8") as source:
+                    text = source.read() + "\n" + request.extra
+                bpf = BPF(text=text.encode(), cflags=list(request.cflags))
+            else:
+                bpf = BPF(src_file=request.source.encode(), cflags=list(request.cflags))
         except Exception as exc:
             raise LoadError(f"bcc could not compile {os.path.basename(request.source)}: "
                             f"{exc}") from None

@@ -53,6 +53,48 @@ class _MapInfo(ctypes.Structure):
                 ("name", ctypes.c_char * 16)]
 
 
+class _ProgInfo(ctypes.Structure):
+    # The head of struct bpf_prog_info, up to the run statistics the kernel keeps while
+    # kernel.bpf_stats_enabled is set.
+    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32),
+                ("tag", ctypes.c_uint8 * 8), ("jited_prog_len", ctypes.c_uint32),
+                ("xlated_prog_len", ctypes.c_uint32), ("jited_prog_insns", ctypes.c_uint64),
+                ("xlated_prog_insns", ctypes.c_uint64), ("load_time", ctypes.c_uint64),
+                ("created_by_uid", ctypes.c_uint32), ("nr_map_ids", ctypes.c_uint32),
+                ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16),
+                ("ifindex", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("netns_dev", ctypes.c_uint64), ("netns_ino", ctypes.c_uint64),
+                ("nr_jited_ksyms", ctypes.c_uint32), ("nr_jited_func_lens", ctypes.c_uint32),
+                ("jited_ksyms", ctypes.c_uint64), ("jited_func_lens", ctypes.c_uint64),
+                ("btf_id", ctypes.c_uint32), ("func_info_rec_size", ctypes.c_uint32),
+                ("func_info", ctypes.c_uint64), ("nr_func_info", ctypes.c_uint32),
+                ("nr_line_info", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
+                ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", ctypes.c_uint32),
+                ("line_info_rec_size", ctypes.c_uint32),
+                ("jited_line_info_rec_size", ctypes.c_uint32),
+                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64),
+                ("run_time_ns", ctypes.c_uint64), ("run_cnt", ctypes.c_uint64)]
+
+
+@dataclass(frozen=True)
+class ProgStats:
+    name: str
+    #: Nanoseconds spent in the program and times it ran, while kernel.bpf_stats_enabled
+    #: was set (the kernel counts nothing otherwise).
+    run_time_ns: int
+    run_cnt: int
+
+
+def prog_stats(fd: int) -> ProgStats:
+    """A loaded program's name and run statistics, from the kernel's record of it."""
+    info = _ProgInfo()
+    attr = _InfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info))
+    error = _bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
+    if error:
+        raise OSError(error, f"BPF program info: {os.strerror(error)}")
+    return ProgStats(info.name.decode(errors="replace"), info.run_time_ns, info.run_cnt)
+
+
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
     result = _libc.syscall(_NR_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
     return 0 if result >= 0 else ctypes.get_errno()

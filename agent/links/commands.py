@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.links.observer import LinksObserver, links_table
+from agent.links.observer import LinksObserver
+from agent.links.views import links_table
 from harmonaize.opsocket import Command
 from harmonaize.schema import to_plain
 

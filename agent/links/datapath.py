@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agent.links import bpfload, tracefs
 from agent.links.bpfload import Loaded
-from agent.links.bpfsys import BpfMap
+from agent.links.bpfsys import BpfMap, ProgStats, prog_stats
 from agent.links.sysfs import NetDevice
 from agent.links.tc import Tc
 
@@ -34,7 +34,6 @@ FIELDS = 4  # bytes, packets, ECN-capable, CE-marked
 BYTES, PACKETS, ECT, CE = range(FIELDS)
 INGRESS, EGRESS = 0, 1
 COUNTERS_SIZE = DIRS * CLASSES * FIELDS * 8
-IF_TABLE = 4096  # as in bpf/link_counters.c
 
 
 class BpfUnavailable(Exception):
@@ -100,6 +99,26 @@ class Counters:
     __hash__ = None  # type: ignore[assignment]
 
 
+def dscp_words(classes: Sequence[int]) -> list[int]:
+    """The DSCP-to-class table as bpf/link_counters.c takes it: DSCP d's class in bits
+    4*(d%16) of word d//16."""
+    return [sum((classes[16 * w + i] & 7) << (4 * i) for i in range(16)) for w in range(4)]
+
+
+def programs(devices: Sequence[NetDevice]) -> tuple[str, dict[int, tuple[str, str]]]:
+    """C for a pair of programs per interface (its counter slot and link-layer header
+    length compiled in), and ifindex -> (ingress, egress) program names."""
+    lines, names = [], {}
+    for slot, device in enumerate(devices):
+        l2_len = min(64, device.l2_len)
+        pair = (f"hz_tc_i{slot}", f"hz_tc_e{slot}")
+        for direction, name in enumerate(pair):
+            lines.append(f"int {name}(struct __sk_buff *skb) "
+                         f"{{ return hz_count(skb, {direction}, {slot}, {l2_len}); }}")
+        names[device.ifindex] = pair
+    return "\n".join(lines) + "\n", names
+
+
 @dataclass(frozen=True)
 class Prefix:
     family: int
@@ -133,14 +152,17 @@ class LinkDatapath:
         self._tc: Tc | None = None
         self._created_clsact: set[int] = set()
         self._slots: dict[int, int] = {}
+        self._devices: list[NetDevice] = []
+        self._programs: dict[int, tuple[str, str]] = {}
         self._tracepoints: set[str] = set()
         self._last_raw: bytes | None = None
         self._last_links: dict[int, Counters] = {}
 
     # --- set-up ---------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Compile and load in a child process; fail with one clear sentence."""
+    def load(self, devices: Sequence[NetDevice]) -> None:
+        """Compile and load, for ``devices``, in a child process; fail with one clear
+        sentence. Each interface gets its own pair of programs (see bpf/link_counters.c)."""
         if importlib.util.find_spec("bcc") is None:
             raise BpfUnavailable("bcc is not installed (Debian package python3-bpfcc)")
         if os.geteuid() != 0:
@@ -153,10 +175,17 @@ class LinkDatapath:
         source = self.bpf_dir / "link_counters.c"
         if not source.is_file():
             raise BpfUnavailable(f"BPF source {source} not found")
+        if len(devices) > self.max_slots:
+            raise BpfUnavailable(f"{len(devices)} interfaces exceed {self.max_slots} slots")
+        self._devices = list(devices)
+        extra, self._programs = programs(self._devices)
+        cflags = [f"-DHZ_MAX_SLOTS={self.max_slots}"] + [
+            f"-DHZ_DSCP_W{i}={word:#x}ULL" for i, word in enumerate(dscp_words(self.dscp_classes))]
         try:
             self._links = bpfload.load([bpfload.Request(
-                str(source), [f"-DHZ_MAX_SLOTS={self.max_slots}"],
-                {"hz_tc_ingress": "sched_cls", "hz_tc_egress": "sched_cls"})])
+                str(source), cflags,
+                {name: "sched_cls" for pair in self._programs.values() for name in pair},
+                extra=extra)])
         except bpfload.LoadError as exc:
             raise BpfUnavailable(str(exc)) from None
         if self.want_tracepoints:
@@ -211,30 +240,26 @@ class LinkDatapath:
     def has_drops(self) -> bool:
         return "skb:kfree_skb" in self._tracepoints
 
-    def attach(self, devices: Sequence[NetDevice]) -> None:
-        """Attach to ``devices`` (after removing any filters a killed agent left)."""
+    def attach(self) -> None:
+        """Attach to the interfaces loaded for (after removing any filters a killed
+        agent left)."""
         if self._links is None:
             raise RuntimeError("load() first")
-        if len(devices) > self.max_slots:
-            raise BpfUnavailable(f"{len(devices)} interfaces exceed {self.max_slots} slots")
-        keys = [d.ifindex % IF_TABLE for d in devices]
-        if len(set(keys)) != len(keys):
-            raise BpfUnavailable(f"interface indexes collide modulo {IF_TABLE}")
         self._tc = Tc()
         self.stale_removed = self._tc.remove_stale()
         if self.stale_removed:
             log.warning("removed filters left by a previous agent: %s", self.stale_removed)
-        table = self._links.maps["hz_if_table"]
-        for slot, device in enumerate(devices):
-            table.update(struct.pack("<I", device.ifindex % IF_TABLE),
-                         struct.pack("<III64B", device.ifindex, slot, device.l2_len,
-                                     *self.dscp_classes))
+        for device in self._devices:
             if self._tc.ensure_clsact(device.ifindex):
                 self._created_clsact.add(device.ifindex)
-            for name, direction in (("hz_tc_ingress", "ingress"), ("hz_tc_egress", "egress")):
-                self._tc.attach(device.ifindex, self._links.programs[name], name, direction)
+            # Filters carry their program's name: hz_tc_ is how a restarted agent
+            # recognises what a killed one left (tc.OUR_PREFIX).
+            for direction, program in zip(("ingress", "egress"), self._programs[device.ifindex],
+                                          strict=True):
+                self._tc.attach(device.ifindex, self._links.programs[program], program,
+                                direction)
             self.attached[device.ifindex] = device.name
-        self._slots = {d.ifindex: i for i, d in enumerate(devices)}
+        self._slots = {d.ifindex: i for i, d in enumerate(self._devices)}
 
     # --- reading --------------------------------------------------------------------
 
@@ -301,9 +326,17 @@ class LinkDatapath:
                 out[struct.unpack("<I", key)[0]] = table.sum_percpu_u64(value)
         return out
 
+    def program_stats(self) -> dict[str, ProgStats]:
+        """The tc programs' run time and run count (counted while kernel.bpf_stats_enabled
+        is set): what ``./scripts/bench datapath-cost`` reports."""
+        if self._links is None:
+            return {}
+        return {name: prog_stats(fd) for name, fd in self._links.programs.items()}
+
     # --- tear-down ------------------------------------------------------------------
 
-    def close(self) -> None:
+    def detach(self) -> None:
+        """Remove our filters (and a clsact we added); the programs stay loaded."""
         if self._tc is not None:
             for ifindex in list(self.attached):
                 try:
@@ -315,6 +348,10 @@ class LinkDatapath:
             self._tc.close()
             self._tc = None
         self.attached.clear()
+        self._created_clsact.clear()
+
+    def close(self) -> None:
+        self.detach()
         for loaded in (self._events, self._links):
             if loaded is not None:
                 loaded.close()  # closing the descriptors detaches and frees

@@ -19,19 +19,15 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig, LinkMode, LinksSection
 from agent.links import sysfs
+from agent.links.counting import LinkAccount, bpf_traffic, dev_traffic, rate
 from agent.links.datapath import (
     BYTES,
-    CE,
-    CLASSES,
-    ECT,
     EGRESS,
-    INGRESS,
     PACKETS,
     BpfUnavailable,
     Counters,
@@ -40,8 +36,9 @@ from agent.links.datapath import (
     dscp_map,
 )
 from agent.links.netlink import Netlink
+from agent.links.qdisc import InterfaceQdiscs, QdiscReader
 from agent.links.sysfs import DevCounters, NetDevice
-from agent.links.types import ClassRates, LinkRates, LinkSample
+from agent.links.types import LinkRates, LinkSample
 from agent.observers.base import FeatureAbsent, Observer, register
 
 log = logging.getLogger(__name__)
@@ -54,6 +51,9 @@ DEV_PERIOD = 1.0
 #: Operational state is read at most this often (seconds): it rarely changes, and
 #: reading it per interface every interval costs more than the counters do.
 STATE_PERIOD = 1.0
+#: Kernel drops by reason are read this often (seconds), whoever asks: walking the
+#: host-wide drop map is a diagnosis, not a health signal.
+DROPS_PERIOD = 5.0
 
 
 def select(devices: Iterable[NetDevice], cfg: LinksSection) -> list[NetDevice]:
@@ -69,15 +69,6 @@ def select(devices: Iterable[NetDevice], cfg: LinksSection) -> list[NetDevice]:
         if wanted:
             chosen.append(device)
     return chosen
-
-
-def _delta(current: int, previous: int) -> int:
-    """Counter difference; a counter that went backwards was reset (or evicted)."""
-    return current - previous if current >= previous else current
-
-
-def _rate(current: int, previous: int, dt: float) -> float:
-    return _delta(current, previous) / dt if dt > 0 else 0.0
 
 
 def _utilization(bps: float, speed_mbps: int | None) -> float | None:
@@ -134,8 +125,12 @@ class LinksObserver(Observer):
         self._states: dict[str, str] = {}
         self._states_at = 0.0
         self._operstate: dict[str, sysfs.ProcFile] = {}
-        self._drops_seen: tuple[dict[int, int], float | None] = ({}, None)
-        self._dev_rates: dict[str, tuple[float, float]] = {}
+        #: Kernel drops by reason: counts at the last two reads, and when they were read.
+        self._drops: tuple[dict[int, int], dict[int, int], float, float] | None = None
+        self._drops_at: float | None = None
+        self._accounts: dict[str, LinkAccount] = {}
+        self._qdisc = QdiscReader()
+        self._qdisc_error = ""
         self._last_retx: tuple[dict[int, float], float] = ({}, 0.0)
         self._retx_base: dict[str, tuple[float, int]] = {}
         self._last: LinkSample | None = None
@@ -167,9 +162,11 @@ class LinksObserver(Observer):
                 self.detail = (
                     f"eBPF on {len(self.devices)} interface(s); {self.datapath.events_detail}"
                 )
+        self._accounts = {d.name: LinkAccount() for d in self.devices}
         self._prev_at = self.clock()
         self._prev = self._read()
-        self.drops_by_reason()  # the baseline the first operator query measures from
+        self._account(self._prev, None)
+        self._read_drops(self._prev_at)  # the baseline drop rates are measured from
 
     def _load_datapath(self) -> LinkDatapath:
         classes = {int(k): v for k, v in self.cfg.dscp_classes.items()}
@@ -181,8 +178,8 @@ class LinksObserver(Observer):
             tracepoints=self.cfg.tracepoints,
         )
         try:
-            datapath.load()
-            datapath.attach(self.devices)
+            datapath.load(self.devices)
+            datapath.attach()
         except BpfUnavailable:
             datapath.close()
             raise
@@ -201,6 +198,7 @@ class LinksObserver(Observer):
             self.datapath.close()
             self.datapath = None
         self.routes.close()
+        self._qdisc.close()
         self._net_dev.close()
         self._snmp.close()
         for handle in self._operstate.values():
@@ -208,8 +206,11 @@ class LinksObserver(Observer):
         self._operstate.clear()
 
     def describe(self) -> dict[str, Any]:
-        return {"detail": self.detail, "mode": self.mode,
-                "interfaces": [d.name for d in self.devices]}
+        out: dict[str, Any] = {"detail": self.detail, "mode": self.mode,
+                               "interfaces": [d.name for d in self.devices]}
+        if self._qdisc_error:
+            out["qdisc_error"] = self._qdisc_error
+        return out
 
     # --- sampling -------------------------------------------------------------------
 
@@ -240,6 +241,12 @@ class LinksObserver(Observer):
                 "dev": sysfs.parse_proc_net_dev(self._net_dev.read()), "dev_at": now}
         else:
             snapshot = {"dev": previous["dev"], "dev_at": previous["dev_at"]}
+        # The qdiscs' counters (what the root qdisc passed on or dropped, what tc
+        # filters shot) once a second in either mode.
+        if not previous or now - previous["qdisc_at"] >= DEV_PERIOD:
+            snapshot["qdisc"], snapshot["qdisc_at"] = self._read_qdiscs(), now
+        else:
+            snapshot["qdisc"], snapshot["qdisc_at"] = previous["qdisc"], previous["qdisc_at"]
         # Segments, from this network namespace; the tracepoint (all namespaces,
         # counting skbs) only says how they split across links. With eBPF the
         # congestion signals that must be fast (utilization, CE) come from the
@@ -261,8 +268,38 @@ class LinksObserver(Observer):
                 snapshot["retx"] = previous.get("retx") if datapath.has_retransmits else None
         return snapshot
 
+    def _read_qdiscs(self) -> dict[int, InterfaceQdiscs]:
+        try:
+            found = self._qdisc.read(d.ifindex for d in self.devices)
+        except OSError as exc:  # transmit is then as counted before the qdisc
+            if not self._qdisc_error:
+                log.warning("links: reading the qdisc counters failed: %s", exc)
+            self._qdisc_error = f"qdisc counters unavailable: {exc.strerror or exc}"
+            return {}
+        self._qdisc_error = ""
+        return found
+
+    def _account(self, snapshot: dict[str, Any], previous: dict[str, Any] | None) -> None:
+        """Fold what was read afresh of the NIC and qdisc counters into each link's account."""
+        fresh_dev = previous is None or snapshot["dev_at"] != previous["dev_at"]
+        fresh_qdisc = previous is None or snapshot["qdisc_at"] != previous["qdisc_at"]
+        if not (fresh_dev or fresh_qdisc):
+            return
+        for device in self.devices:
+            account = self._accounts[device.name]
+            qdiscs = snapshot["qdisc"].get(device.ifindex) or InterfaceQdiscs(None, None)
+            bpf: Counters | None = (snapshot.get("bpf") or {}).get(device.ifindex)
+            if bpf is not None and fresh_qdisc:
+                account.egress.update(bpf.total(EGRESS, BYTES), bpf.total(EGRESS, PACKETS),
+                                      qdiscs.root)
+            account.fold(snapshot["qdisc_at"] if fresh_qdisc else snapshot["dev_at"],
+                         snapshot["dev"].get(device.name) if fresh_dev else None,
+                         qdiscs if fresh_qdisc else None)
+
     def sample(self, now: float) -> LinkSample:
         mono = self.clock()
+        if mono - (self._drops_at or 0.0) >= DROPS_PERIOD:
+            self._read_drops(mono)
         if mono - self._speeds_at > 10.0:  # speeds change when links renegotiate
             self._refresh_speeds(mono)
         if mono - self._states_at >= STATE_PERIOD:
@@ -274,6 +311,7 @@ class LinksObserver(Observer):
             return self._last
         previous, self._prev = self._prev or current, current
         dt, self._prev_at = mono - self._prev_at, mono
+        self._account(current, previous)
         retx_by_if, retx_total = self._retransmits(current, previous, dt, now)
         links = tuple(
             self._link(device, current, previous, dt, retx_by_if.get(device.ifindex, 0.0))
@@ -282,7 +320,7 @@ class LinksObserver(Observer):
         links = tuple(self._with_retransmit_share(link, current) for link in links)
         sample = LinkSample(self.mode, dt, links, retx_total)
         idle = all(not (link.rx_pps or link.tx_pps or link.retransmits_per_s
-                        or link.drops_per_s or link.errors_per_s) for link in links)
+                        or link.all_drops_per_s or link.errors_per_s) for link in links)
         self._last = sample if idle else None
         return sample
 
@@ -291,6 +329,7 @@ class LinksObserver(Observer):
         previous = self._prev or {}
         return (current.get("bpf") == previous.get("bpf")
                 and current["dev"] == previous.get("dev")
+                and current["qdisc"] == previous.get("qdisc")
                 and current.get("retx_total") == previous.get("retx_total"))
 
     def _with_retransmit_share(self, link: LinkRates, current: dict[str, Any]) -> LinkRates:
@@ -302,7 +341,7 @@ class LinksObserver(Observer):
         """
         at = current["dev_at"]
         base = self._retx_base.get(link.name)
-        sent = link.totals[3]
+        sent = link.totals.tx_packets
         if base is None or base[0] != at:
             if base is not None and at > base[0]:
                 packets = (sent - base[1]) / (at - base[0]) if sent >= base[1] else 0.0
@@ -318,48 +357,56 @@ class LinksObserver(Observer):
         if span <= 0:  # not re-read this interval: the last rates stand
             return self._last_retx
         self._last_retx = self._retransmit_rates(current, previous, span, now)
+        names = {d.ifindex: d.name for d in self.devices}
+        for oif, per_s in self._last_retx[0].items():
+            if oif in names:
+                self._accounts[names[oif]].retransmits += per_s * span
         return self._last_retx
 
     def _retransmit_rates(self, current: dict[str, Any], previous: dict[str, Any], dt: float,
                           now: float) -> tuple[dict[int, float], float]:
-        total = _rate(current.get("retx_total", 0), previous.get("retx_total", 0), dt)
+        total = rate(current.get("retx_total", 0), previous.get("retx_total", 0), dt)
         if current.get("retx") is None or total <= 0:
             return {}, total
         events: dict[int, float] = {}
         all_events = 0.0
         before = previous.get("retx") or {}
         for prefix, count in current["retx"].items():
-            rate = _rate(count, before.get(prefix, 0), dt)
-            if rate <= 0:
+            per_s = rate(count, before.get(prefix, 0), dt)
+            if per_s <= 0:
                 continue
-            all_events += rate
+            all_events += per_s
             oif = self.routes.oif(prefix, now)
             if oif is not None:
-                events[oif] = events.get(oif, 0.0) + rate
+                events[oif] = events.get(oif, 0.0) + per_s
         if all_events <= 0:
             return {}, total
         return {oif: total * n / all_events for oif, n in events.items()}, total
 
-    def drops_by_reason(self) -> dict[str, float]:
-        """Kernel drops per second by reason since the previous call (eBPF only).
-
-        Read on demand, for operators: walking the kernel-wide drop map every
-        interval would cost more than everything else the observer does, and
-        no health rule needs it.
-        """
+    def _read_drops(self, now: float) -> None:
+        """Kernel drops by reason, on the observer's own schedule (every DROPS_PERIOD)."""
+        self._drops_at = now
         if self.datapath is None or not self.datapath.has_drops:
-            return {}
-        now = self.clock()
+            return
         counts = self.datapath.read_drops()
-        before, before_at = self._drops_seen
-        self._drops_seen = (counts, now)
-        if before_at is None or now <= before_at:
+        latest, _, at, _ = self._drops if self._drops is not None else (counts, {}, now, now)
+        self._drops = (counts, latest, now, at)
+
+    def drops_by_reason(self) -> dict[str, dict[str, float]]:
+        """Kernel drops by reason (eBPF only): the count since the programs were loaded
+        and the rate over the last DROPS_PERIOD. A read changes nothing: every
+        caller sees the same numbers for the same moment."""
+        if self._drops is None:
             return {}
-        names = self.datapath.drop_reasons
+        counts, before, at, before_at = self._drops
+        span = at - before_at
+        names = self.datapath.drop_reasons if self.datapath is not None else {}
         return {
-            names.get(reason, str(reason)): rate
-            for reason, count in counts.items()
-            if (rate := _rate(count, before.get(reason, 0), now - before_at)) > 0
+            names.get(reason, str(reason)): {
+                "total": count,
+                "per_s": rate(count, before.get(reason, 0), span) if span > 0 else 0.0,
+            }
+            for reason, count in sorted(counts.items())
         }
 
     def _link(self, device: NetDevice, current: dict[str, Any], previous: dict[str, Any],
@@ -368,113 +415,24 @@ class LinksObserver(Observer):
         link_class = self.cfg.link_classes.get(device.name, DEFAULT_CLASS)
         state = self._states.get(device.name, "absent")
         up = state in ("up", "unknown")
+        account = self._accounts[device.name]
         dev_now: DevCounters | None = current["dev"].get(device.name)
         dev_before: DevCounters | None = previous["dev"].get(device.name)
-        drops = errors = 0.0
-        dev_dt = current["dev_at"] - previous["dev_at"]
-        if dev_now and dev_before and dev_dt > 0:
-            drops = _rate(dev_now.rx_drops + dev_now.tx_drops,
-                          dev_before.rx_drops + dev_before.tx_drops, dev_dt)
-            errors = _rate(dev_now.rx_errors + dev_now.tx_errors,
-                           dev_before.rx_errors + dev_before.tx_errors, dev_dt)
-        elif dev_now and dev_before:  # not re-read this interval: keep the last rates
-            drops, errors = self._dev_rates.get(device.name, (0.0, 0.0))
-        self._dev_rates[device.name] = (drops, errors)
+        # Over each source's last span; between two reads the last rates stand.
+        drops, errors, qdisc_drops, tc_drops = account.rates()
         bpf_now: Counters | None = current.get("bpf", {}).get(device.ifindex)
         bpf_before: Counters | None = (previous.get("bpf") or {}).get(device.ifindex)
         if bpf_now is not None and bpf_before is not None:
-            traffic = _bpf_traffic(bpf_now, bpf_before, dt)
+            traffic = bpf_traffic(bpf_now, bpf_before, dt, account.egress)
         else:
-            traffic = _dev_traffic(dev_now, dev_before, dt)
+            traffic = dev_traffic(dev_now, dev_before, dt, account.dev_base)
         return LinkRates(
             device.name, link_class, up, speed, traffic.rx_bps, traffic.tx_bps,
             traffic.rx_pps, traffic.tx_pps, _utilization(traffic.rx_bps, speed),
             _utilization(traffic.tx_bps, speed), traffic.ect_fraction, traffic.ce_fraction,
-            retransmits, drops, errors, traffic.classes, traffic.totals,
+            retransmits, drops, errors, traffic.classes, account.totals(traffic),
+            qdisc_drops_per_s=qdisc_drops, tc_drops_per_s=tc_drops,
         )
-
-
-@dataclass(frozen=True)
-class _Traffic:
-    rx_bps: float = 0.0
-    tx_bps: float = 0.0
-    rx_pps: float = 0.0
-    tx_pps: float = 0.0
-    ect_fraction: float = 0.0
-    ce_fraction: float = 0.0
-    classes: tuple[ClassRates, ...] = ()
-    totals: tuple[int, int, int, int] = (0, 0, 0, 0)
-
-
-def _dev_traffic(now: DevCounters | None, before: DevCounters | None, dt: float) -> _Traffic:
-    if now is None or before is None:
-        return _Traffic()
-    return _Traffic(
-        rx_bps=8 * _rate(now.rx_bytes, before.rx_bytes, dt),
-        tx_bps=8 * _rate(now.tx_bytes, before.tx_bytes, dt),
-        rx_pps=_rate(now.rx_packets, before.rx_packets, dt),
-        tx_pps=_rate(now.tx_packets, before.tx_packets, dt),
-        totals=(now.rx_bytes, now.tx_bytes, now.rx_packets, now.tx_packets),
-    )
-
-
-def _bpf_traffic(now: Counters, before: Counters, dt: float) -> _Traffic:
-    def rate(direction: int, field: int, cls: int | None = None) -> float:
-        if cls is None:
-            return _rate(now.total(direction, field), before.total(direction, field), dt)
-        return _rate(now.get(direction, cls, field), before.get(direction, cls, field), dt)
-
-    rx_pps = rate(INGRESS, PACKETS)
-    return _Traffic(
-        rx_bps=8 * rate(INGRESS, BYTES),
-        tx_bps=8 * rate(EGRESS, BYTES),
-        rx_pps=rx_pps,
-        tx_pps=rate(EGRESS, PACKETS),
-        ect_fraction=rate(INGRESS, ECT) / rx_pps if rx_pps else 0.0,
-        ce_fraction=rate(INGRESS, CE) / rx_pps if rx_pps else 0.0,
-        classes=tuple(
-            ClassRates(cls, 8 * rate(INGRESS, BYTES, cls), 8 * rate(EGRESS, BYTES, cls),
-                       now.get(INGRESS, cls, BYTES), now.get(EGRESS, cls, BYTES))
-            for cls in range(CLASSES)
-            if now.get(INGRESS, cls, PACKETS) or now.get(EGRESS, cls, PACKETS)
-        ),
-        totals=(now.total(INGRESS, BYTES), now.total(EGRESS, BYTES),
-                now.total(INGRESS, PACKETS), now.total(EGRESS, PACKETS)),
-    )
-
-
-def links_table(sample: LinkSample | None) -> list[dict[str, Any]]:
-    """Rows for ``harmonctl links``."""
-    if sample is None:
-        return []
-    return [
-        {
-            "name": link.name,
-            "class": link.link_class,
-            "up": link.up,
-            "speed_mbps": link.speed_mbps,
-            "rx_bps": round(link.rx_bps),
-            "tx_bps": round(link.tx_bps),
-            "rx_pps": round(link.rx_pps),
-            "tx_pps": round(link.tx_pps),
-            "rx_utilization": link.rx_utilization,
-            "tx_utilization": link.tx_utilization,
-            "ect_fraction": link.ect_fraction,
-            "ce_fraction": link.ce_fraction,
-            "retransmits_per_s": link.retransmits_per_s,
-            "retransmit_fraction": link.retransmit_fraction,
-            "drops_per_s": link.drops_per_s,
-            "errors_per_s": link.errors_per_s,
-            "totals": dict(zip(("rx_bytes", "tx_bytes", "rx_packets", "tx_packets"),
-                               link.totals, strict=True)),
-            "traffic_classes": {
-                str(c.cls): {"rx_bps": round(c.rx_bps), "tx_bps": round(c.tx_bps),
-                             "rx_bytes": c.rx_bytes_total, "tx_bytes": c.tx_bytes_total}
-                for c in link.classes
-            },
-        }
-        for link in sample.links
-    ]
 
 
 def _factory(cfg: AgentConfig) -> Observer:

@@ -19,6 +19,39 @@ class ClassRates:
 
 
 @dataclass(frozen=True)
+class LinkTotals:
+    """Cumulative counts since the observer started on the link.
+
+    Transmitted bytes and packets are what left the interface (after the root
+    qdisc); ECN counts come from the eBPF counters (zero in proc mode);
+    retransmissions are the segments attributed to this link; drops are by
+    where they happened: the NIC or driver (``/proc/net/dev``), the root qdisc
+    (``tc -s qdisc``: queue full, shaping), and tc filters on either hook (the
+    clsact qdisc's drops).
+    """
+
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+    rx_packets: int = 0
+    tx_packets: int = 0
+    rx_ect: int = 0
+    rx_ce: int = 0
+    tx_ect: int = 0
+    tx_ce: int = 0
+    retransmits: int = 0
+    nic_rx_drops: int = 0
+    nic_tx_drops: int = 0
+    qdisc_drops: int = 0
+    tc_drops: int = 0
+    rx_errors: int = 0
+    tx_errors: int = 0
+
+    @property
+    def drops(self) -> int:
+        return self.nic_rx_drops + self.nic_tx_drops + self.qdisc_drops + self.tc_drops
+
+
+@dataclass(frozen=True)
 class LinkRates:
     name: str
     link_class: str
@@ -34,13 +67,21 @@ class LinkRates:
     ect_fraction: float
     ce_fraction: float
     retransmits_per_s: float
+    #: The NIC's (driver's) own drops, both directions: what link health judges as loss.
     drops_per_s: float
     errors_per_s: float
     classes: tuple[ClassRates, ...] = ()
-    #: Cumulative counts: since attach in eBPF mode, the interface's own in proc mode.
-    totals: tuple[int, int, int, int] = (0, 0, 0, 0)  # rx bytes, tx bytes, rx pkts, tx pkts
+    totals: LinkTotals = LinkTotals()
     #: Retransmitted segments per packet sent, over the retransmissions' own span.
     retransmit_fraction: float = 0.0
+    #: Packets the root qdisc dropped, and tc filters shot (either hook), per second.
+    qdisc_drops_per_s: float = 0.0
+    tc_drops_per_s: float = 0.0
+
+    @property
+    def all_drops_per_s(self) -> float:
+        """Every drop on this link, wherever it happened."""
+        return self.drops_per_s + self.qdisc_drops_per_s + self.tc_drops_per_s
 
     @property
     def utilization(self) -> float | None:

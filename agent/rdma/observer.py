@@ -17,7 +17,7 @@ from typing import Any
 
 from agent.config import AgentConfig, RdmaSection
 from agent.observers.base import FeatureAbsent, Observer, register
-from agent.rdma.types import RdmaPortRates, RdmaSample
+from agent.rdma.types import RdmaPortRates, RdmaSample, RdmaTotals
 
 DEFAULT_CLASS = "data"
 U32 = 1 << 32
@@ -41,10 +41,18 @@ def counter_delta(previous: int, current: int) -> tuple[int, bool]:
     return current, False
 
 
-RETRANSMIT_COUNTERS = (
-    "roce_adp_retrans", "local_ack_timeout_err", "packet_seq_err", "implied_nak_seq_err",
-)
+RETRANSMIT_COUNTERS = ("roce_adp_retrans", "packet_seq_err", "implied_nak_seq_err")
+TIMEOUT_COUNTERS = ("local_ack_timeout_err", "roce_adp_retrans_to")
 ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_downed", "port_xmit_discards")
+#: RdmaTotals field -> the counters it adds up, and the factor to its unit.
+TOTALS: dict[str, tuple[tuple[str, ...], int]] = {
+    "tx_bytes": (("port_xmit_data",), 4), "rx_bytes": (("port_rcv_data",), 4),
+    "tx_packets": (("port_xmit_packets",), 1), "rx_packets": (("port_rcv_packets",), 1),
+    "cnp_sent": (("np_cnp_sent",), 1), "cnp_handled": (("rp_cnp_handled",), 1),
+    "cnp_ignored": (("rp_cnp_ignored",), 1), "ecn_marked": (("np_ecn_marked_roce_packets",), 1),
+    "out_of_sequence": (("out_of_sequence",), 1), "retransmits": (RETRANSMIT_COUNTERS, 1),
+    "timeouts": (TIMEOUT_COUNTERS, 1), "errors": (ERROR_COUNTERS, 1),
+}
 
 
 def _read(path: Path) -> str | None:
@@ -111,6 +119,7 @@ class RdmaObserver(Observer):
         self.ports: list[_Port] = []
         self._prev: dict[str, dict[str, int]] = {}
         self._prev_at = 0.0
+        self._totals: dict[str, dict[str, int]] = {}
 
     def start(self) -> None:
         self.ports = discover(self.cfg.sysfs_root)
@@ -146,11 +155,22 @@ class RdmaObserver(Observer):
             current = self._read(port)
             previous = self._prev.get(key, current)
             self._prev[key] = current
-            rates.append(self._rates(port, current, previous, dt))
+            rates.append(self._rates(port, current, previous, dt, self._accumulate(
+                key, current, previous)))
         return RdmaSample(tuple(rates), tuple(missing))
 
+    def _accumulate(self, key: str, current: dict[str, int],
+                    previous: dict[str, int]) -> RdmaTotals:
+        totals = self._totals.setdefault(key, dict.fromkeys(TOTALS, 0))
+        for field, (names, factor) in TOTALS.items():
+            for name in names:
+                if name in current:
+                    delta, _ = counter_delta(previous.get(name, current[name]), current[name])
+                    totals[field] += delta * factor
+        return RdmaTotals(**totals)
+
     def _rates(self, port: _Port, current: dict[str, int], previous: dict[str, int],
-               dt: float) -> RdmaPortRates:
+               dt: float, totals: RdmaTotals) -> RdmaPortRates:
         saturated: list[str] = []
 
         def rate(*names: str) -> float:
@@ -191,9 +211,10 @@ class RdmaObserver(Observer):
             cnp_handled_per_s=rate("rp_cnp_handled"),
             ecn_marked_per_s=rate("np_ecn_marked_roce_packets"),
             out_of_sequence_per_s=rate("out_of_sequence"),
-            retransmits_per_s=rate(*RETRANSMIT_COUNTERS),
+            retransmits_per_s=rate(*RETRANSMIT_COUNTERS, *TIMEOUT_COUNTERS),
             errors_per_s=rate(*ERROR_COUNTERS),
             saturated=tuple(sorted(set(saturated))),
+            totals=totals,
         )
 
 

@@ -10,6 +10,29 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RdmaTotals:
+    """A port's counters, cumulative since the observer started (wraps and resets of the
+    NIC's own counters taken care of). Bytes, not the 4-byte words sysfs counts."""
+
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+    tx_packets: int = 0
+    rx_packets: int = 0
+    #: CNPs sent as a receiver that saw ECN marks (notification point).
+    cnp_sent: int = 0
+    #: CNPs acted on as a sender (reaction point), and ones ignored (its reaction point
+    #: was off for the priority).
+    cnp_handled: int = 0
+    cnp_ignored: int = 0
+    ecn_marked: int = 0
+    out_of_sequence: int = 0
+    #: Retransmissions (adaptive, after NAKs) and retransmission timeouts.
+    retransmits: int = 0
+    timeouts: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
 class RdmaPortRates:
     device: str
     port: int
@@ -33,6 +56,7 @@ class RdmaPortRates:
     retransmits_per_s: float
     errors_per_s: float
     saturated: tuple[str, ...] = ()
+    totals: RdmaTotals = RdmaTotals()
 
     @property
     def name(self) -> str:

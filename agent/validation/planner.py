@@ -8,12 +8,18 @@ One validation at a time per device and at most ``max_parallel`` in all;
 a cooldown per device (operators are exempt). A device a tenant's process
 uses is validated only if every job on it allows a pause that long, and then
 only after the jobs were told, ``notice_lead`` seconds ahead.
+
+A notice can be answered, as in Azure Scheduled Events: a job that approves says
+it is ready (the validation starts at once when every job told of it approved),
+and a job whose declaration allows it may defer the start once, by up to its
+``max_validation_defer``. A plan that no longer starts as announced (a job
+withdrew its allowance, the device went) is cancelled, and its jobs are told.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.gpu.types import JobRef
 
@@ -42,6 +48,15 @@ class Plan:
     pause: float
     #: (job, its ranks on the device) told of the pause before it starts.
     notices: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: This host's name for the plan, which the notices carry (unique per agent run).
+    id: str = ""
+    #: Jobs that approved an early start, and jobs that deferred it (once each).
+    approved: frozenset[str] = frozenset()
+    deferred: frozenset[str] = frozenset()
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return tuple(job for job, _ in self.notices)
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,12 @@ class Planner:
     scheduled: dict[str, Plan] = field(default_factory=dict)
     #: Why a request or a suspect device is still waiting, for the operator.
     waiting: dict[str, str] = field(default_factory=dict)
+    #: Prefix of plan ids (the service makes it unique per agent run).
+    id_prefix: str = "v"
+    #: Plans whose jobs were told and that will not start as announced (taken by the
+    #: service with :meth:`take_cancelled`, to tell the jobs).
+    cancelled: list[Plan] = field(default_factory=list)
+    _numbered: int = 0
 
     def request(self, key: str, level: int, trigger: str = "operator") -> None:
         self.requests[key] = Request(key, level, trigger)
@@ -92,9 +113,11 @@ class Planner:
                 continue
             del self.scheduled[key]
             if device is None or key in running:
+                self.cancelled.append(plan)
                 continue
             if not self._allowed(device, plan.pause, allowance):
                 self.waiting[key] = "a job on it no longer allows the pause"
+                self.cancelled.append(plan)
                 continue
             starts.append(plan)
         busy += len(starts)
@@ -117,8 +140,10 @@ class Planner:
             self.waiting.pop(device.key, None)
             if device.jobs:
                 notices = _notices(device.jobs)
+                self._numbered += 1
                 plan = Plan(device.key, device.gpu, level, trigger,
-                            now + self.settings.notice_lead, pause, notices)
+                            now + self.settings.notice_lead, pause, notices,
+                            f"{self.id_prefix}-{self._numbered}")
                 self.scheduled[device.key] = plan
                 announced.append(plan)
             else:
@@ -148,8 +173,43 @@ class Planner:
         return all(allowance(ref.job) >= pause for ref in device.jobs)
 
     def cancel(self, key: str) -> None:
-        self.scheduled.pop(key, None)
+        plan = self.scheduled.pop(key, None)
+        if plan is not None and plan.notices:
+            self.cancelled.append(plan)
         self.requests.pop(key, None)
+
+    def take_cancelled(self) -> list[Plan]:
+        cancelled, self.cancelled = self.cancelled, []
+        return cancelled
+
+    def answer(self, plan_id: str, job: str, now: float, *, approve: bool = False,
+               defer: float = 0.0, max_defer: float = 0.0) -> tuple[Plan | None, str]:
+        """A job's answer to its notice: (the plan as it now stands, or None; what was
+        done or why nothing was). ``max_defer`` is what the job's declaration allows on
+        this host; a deferral beyond it is cut to it."""
+        plan = next((p for p in self.scheduled.values() if p.id == plan_id), None)
+        if plan is None:
+            return None, "no such scheduled validation (it started or was cancelled)"
+        if job not in plan.jobs:
+            return None, f"job {job} was not told of this validation"
+        if approve:
+            plan = replace(plan, approved=plan.approved | {job})
+            if set(plan.jobs) <= plan.approved:
+                plan = replace(plan, start_at=min(plan.start_at, now))
+                why = "every job approved: it starts now"
+            else:
+                why = "approved; it starts early once every job told of it approved"
+        else:
+            if job in plan.deferred:
+                return None, f"job {job} deferred it once already"
+            seconds = min(defer or max_defer, max_defer)
+            if seconds <= 0:
+                return None, f"job {job}'s declaration allows no deferral"
+            plan = replace(plan, start_at=plan.start_at + seconds,
+                           deferred=plan.deferred | {job})
+            why = f"deferred by {seconds:.0f} s"
+        self.scheduled[plan.key] = plan
+        return plan, why
 
 
 def _notices(jobs: tuple[JobRef, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -26,9 +26,16 @@ from agent.gpu.actions import Action
 from agent.gpu.health import GpuHealthEngine, GpuState, GpuView
 from agent.validation.checks import CommandSpec, Outcome, StaticLimits, Target
 from agent.validation.history import History, Quarantine
-from agent.validation.planner import Device, Planner, PlannerSettings
+from agent.validation.planner import Device, Plan, Planner, PlannerSettings
 from agent.validation.runner import Runner, Verdict, boot_id, budget
-from harmonaize.messages import HostEvent, Message, Severity, ValidationNotice
+from harmonaize.messages import (
+    HostEvent,
+    Message,
+    NoticeStatus,
+    Severity,
+    ValidationDecision,
+    ValidationNotice,
+)
 from harmonaize.opsocket import CommandError
 
 log = logging.getLogger(__name__)
@@ -66,18 +73,22 @@ class ValidationService:
         publish: Callable[[Message], None],
         emit: Callable[[HostEvent], None],
         allowance: Callable[[str], float],
+        defer_allowance: Callable[[str], float] = lambda job: 0.0,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
         self.publish = publish
         self.emit = emit
         self.allowance = allowance
+        self.defer_allowance = defer_allowance
         self.specs = command_specs(cfg)
         self.history = History(Path(state_dir) / "validation.db", keep=cfg.history_keep)
         self.planner = Planner(
             PlannerSettings(cfg.suspect_level, cfg.cooldown, cfg.schedule_interval,
                             cfg.max_parallel, cfg.notice_lead),
             self._budget,
+            # Unique per run: the controller tells notices of another run apart.
+            id_prefix=f"v{int(time.time() * 1000):x}",
         )
         self.runner = Runner(self.history, self.specs,
                              limits=StaticLimits(retired_pages_limit=retired_pages_limit),
@@ -160,11 +171,16 @@ class ValidationService:
             self._devices(views), now, running=set(self.runner.running),
             last_done=self.last_done, allowance=self.allowance)
         for plan in announced:
-            for job, ranks in plan.notices:
-                self.publish(ValidationNotice(job, ranks, round(plan.pause),
-                                              plan.start_at))
-                log.info("told job %s: a member pauses up to %.0f s for validation at %.0f",
-                         job, plan.pause, plan.start_at)
+            self._tell(plan, NoticeStatus.SCHEDULED)
+            log.info("told %s: a member pauses up to %.0f s for validation at %.0f",
+                     ", ".join(plan.jobs), plan.pause, plan.start_at)
+        for plan in self.planner.take_cancelled():
+            self._tell(plan, NoticeStatus.CANCELLED)
+            log.info("told %s: the validation of %s announced for %.0f is cancelled",
+                     ", ".join(plan.jobs), plan.key, plan.start_at)
+        for plan in starts:
+            if plan.notices:
+                self._tell(plan, NoticeStatus.STARTED)
         by_index = {v.index: v for v in views}
         for plan in starts:
             view = by_index.get(plan.gpu) if plan.gpu is not None else None
@@ -177,6 +193,23 @@ class ValidationService:
             log.info("validating %s at level %d (%s)", plan.key, plan.level, plan.trigger)
             self.runner.start(plan, Target(plan.gpu, view.snapshot if view else None),
                               view.uuid if view else "host")
+
+    def _tell(self, plan: Plan, status: NoticeStatus) -> None:
+        """Every job of the plan hears where it stands (the controller rebuilds it)."""
+        for job, ranks in plan.notices:
+            self.publish(ValidationNotice(job, ranks, round(plan.pause), plan.start_at,
+                                          plan.id, plan.start_at, status))
+
+    def answer(self, decision: ValidationDecision, now: float) -> None:
+        """A tenant's answer to a notice, from the controller: start early or later."""
+        plan, why = self.planner.answer(
+            decision.notice, decision.job, now, approve=decision.approve,
+            defer=decision.defer, max_defer=self.defer_allowance(decision.job))
+        log.info("job %s answered validation notice %s (%s): %s", decision.job,
+                 decision.notice, "approve" if decision.approve else "defer", why)
+        if plan is not None:
+            self._tell(plan, NoticeStatus.SCHEDULED)
+            self._urgent = True  # an approval may start it at the next pass
 
     def _restore(self, views: tuple[GpuView, ...], now: float) -> None:
         """Quarantines recorded before this start apply again (by GPU UUID)."""
@@ -305,7 +338,9 @@ class ValidationService:
     def status(self) -> dict[str, Any]:
         return {
             "running": sorted(self.runner.running),
-            "scheduled": {k: {"level": p.level, "trigger": p.trigger, "starts_at": p.start_at}
+            "scheduled": {k: {"level": p.level, "trigger": p.trigger, "starts_at": p.start_at,
+                              "notice": p.id, "jobs": list(p.jobs),
+                              "approved": sorted(p.approved), "deferred": sorted(p.deferred)}
                           for k, p in self.planner.scheduled.items()},
             "requested": sorted(self.planner.requests),
             "waiting": dict(self.planner.waiting),

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harmonaize import keys
+from harmonaize import keys, wireaudit
 from harmonaize.messages import JobDeclaration, PoolCapacity
 from harmonaize.schema import from_plain, to_plain
 from harmonaize.tenant.client import FeedClient, FeedError, FeedMessage, RequestError
@@ -30,10 +30,13 @@ def describe(message: FeedMessage) -> str:
     return " ".join(f"{k}={v}" for k, v in to_plain(body).items())
 
 
+DEFAULT_FEED = "tcp://127.0.0.1:7401"
+
+
 def _client(args: argparse.Namespace, topics: list[str],
             state: tuple[int, dict[str, int]] | None = None) -> FeedClient:
     epoch, resume = state or (0, None)
-    return FeedClient(args.feed, topics, key=args.key or None,
+    return FeedClient(args.feed or [DEFAULT_FEED], topics, key=args.key or None,
                       server_key=args.server_key or None, resume=resume, epoch=epoch)
 
 
@@ -93,7 +96,8 @@ def _watch(args: argparse.Namespace) -> int:
             # Not one answer: say so (and why, if the connection told us) rather than
             # exit as if the feed had simply been quiet.
             why = feed.problem or "is the feed address right, and the controller up?"
-            print(f"harmonaize-tenant: no answer from {args.feed} within {args.timeout:g} s: "
+            where = ", ".join(args.feed or [DEFAULT_FEED])
+            print(f"harmonaize-tenant: no answer from {where} within {args.timeout:g} s: "
                   f"{why}", file=sys.stderr)
             return 1
     return 0
@@ -128,6 +132,19 @@ def _declare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _notice(args: argparse.Namespace) -> int:
+    with _client(args, ["pool/"]) as feed:
+        try:
+            feed.answer_notice(args.notice, args.action, args.seconds, timeout=args.timeout)
+        except RequestError as exc:
+            print(f"harmonaize-tenant: {args.action} refused ({exc.code or 'no answer'}): "
+                  f"{exc}", file=sys.stderr)
+            return 1
+    print(f"{args.action}d validation notice {args.notice}"
+          + (f" by {args.seconds:g} s" if args.action == "defer" and args.seconds else ""))
+    return 0
+
+
 def _keygen(args: argparse.Namespace) -> int:
     try:
         public, secret = keys.generate(args.dir, args.name)
@@ -139,12 +156,15 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    wireaudit.install()  # only where HARMONAIZE_WIRE_AUDIT asks for it
     parser = argparse.ArgumentParser(
         prog="harmonaize-tenant", description="HarmonAIze tenant client"
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--feed", default="tcp://127.0.0.1:7401",
-                        help="the controller's tenant endpoint (default %(default)s)")
+    common.add_argument("--feed", action="append",
+                        help=f"the controller's tenant endpoint (default {DEFAULT_FEED}); "
+                        "repeat it for each replica of a clustered controller: the "
+                        "client moves to the next when its replica goes away")
     common.add_argument("--key", default=os.environ.get(KEY_ENV, ""),
                         help=f"your .key_secret file (or ${KEY_ENV})")
     common.add_argument("--server-key", default=os.environ.get(SERVER_KEY_ENV, ""),
@@ -162,6 +182,14 @@ def main(argv: list[str] | None = None) -> int:
                              help="declare what the provider may do to a job (JSON file)")
     declare.add_argument("file", type=argparse.FileType("r"))
     declare.add_argument("--timeout", type=float, default=10.0)
+    notice = sub.add_parser("notice", parents=[common],
+                            help="answer a validation notice: approve (start now) or defer")
+    notice.add_argument("action", choices=["approve", "defer"])
+    notice.add_argument("notice", help="the notice's id (validation-notice.id)")
+    notice.add_argument("--seconds", type=float, default=0.0,
+                        help="defer by this many seconds (default: all your declaration "
+                        "allows)")
+    notice.add_argument("--timeout", type=float, default=10.0)
     keygen = sub.add_parser("keygen", help="make your CurveZMQ key pair")
     keygen.add_argument("name", help="your tenant name, as your provider knows you")
     keygen.add_argument("--dir", type=Path, default=Path("."))
@@ -171,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             return _keygen(args)
         if args.command == "declare":
             return _declare(args)
+        if args.command == "notice":
+            return _notice(args)
         return _watch(args)
     except keys.KeyFileError as exc:
         print(f"harmonaize-tenant: {exc}", file=sys.stderr)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -47,11 +47,13 @@ from harmonaize.messages import (
     Category,
     JobDeclaration,
     Message,
+    NoticeAction,
     Position,
     Refusal,
     Reply,
     Subscribe,
     Subscribed,
+    ValidationAnswer,
     WireError,
     decode,
     encode,
@@ -66,7 +68,12 @@ MAX_POSITIONS = 1024
 
 
 class RequestError(RuntimeError):
-    """The controller refused a request, or did not answer; the message says which."""
+    """The controller refused a request, or did not answer; the message says which, and
+    ``code`` is the refusal's :class:`~harmonaize.messages.ErrorCode` ("" for no answer)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class FeedError(RuntimeError):
@@ -136,7 +143,7 @@ def _load_public(key: bytes | str | Path) -> bytes:
 class FeedClient:
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         topics: Iterable[str] = ("pool/",),
         *,
         key: keys.KeyPair | str | Path | None = None,
@@ -146,8 +153,18 @@ class FeedClient:
         skip_repeated_conditions: bool = True,
         gap_timeout: float = 2.0,
         context: zmq.Context | None = None,
+        failover: float = 3.0,
     ) -> None:
-        self.endpoint = endpoint
+        """``endpoint`` may list a clustered controller's replicas: the client moves to
+        the next when its replica has been unreachable, or has not answered a
+        subscription, for ``failover`` seconds, and resumes there from its positions
+        (every replica numbers the feed alike)."""
+        self.endpoints = (endpoint,) if isinstance(endpoint, str) else tuple(endpoint)
+        if not self.endpoints:
+            raise ValueError("no endpoint to connect to")
+        self._at = 0
+        self.failover = failover
+        self.failovers = 0
         self.topics = tuple(dict.fromkeys(topics))
         self.skip_repeated_conditions = skip_repeated_conditions
         self.gap_timeout = gap_timeout
@@ -167,23 +184,56 @@ class FeedClient:
         self._next_renew = 0.0
         self._own_context = context is None
         self._ctx = context or zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
+        self._curve: tuple[keys.KeyPair, bytes] | None = None
         if key is not None or server_key is not None:
             if key is None or server_key is None:
                 raise ValueError("CurveZMQ needs both key (yours) and server_key (the "
                                  "controller's)")
-            keys.curve_client(self._sock, _load_pair(key), _load_public(server_key))
+            self._curve = (_load_pair(key), _load_public(server_key))
         #: Why the connection does not work, in words (None: it works, or nothing known yet).
         self.problem: str | None = None
         self._handshakes = 0
+        self._open()
+        self._subscribe(time.monotonic())
+
+    @property
+    def endpoint(self) -> str:
+        """The replica this client is connected to (or trying)."""
+        return self.endpoints[self._at]
+
+    def _open(self) -> None:
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
+        if self._curve is not None:
+            keys.curve_client(self._sock, *self._curve)
         self._monitor = self._sock.get_monitor_socket(_WATCHED)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
-        self._sock.connect(endpoint)
-        self._subscribe(time.monotonic())
+        self._sock.connect(self.endpoint)
+        now = time.monotonic()
+        #: Since when the connection is down (None: up), and a subscription unanswered.
+        self._down_since: float | None = now
+        self._unanswered_since: float | None = None
+
+    def _move_on(self, now: float) -> None:
+        """With more than one replica: leave one that has been unreachable, or has not
+        answered a subscription, for ``failover`` seconds; resume at the next."""
+        if len(self.endpoints) < 2:
+            return
+        away = self._down_since is not None and now - self._down_since >= self.failover
+        mute = (self._unanswered_since is not None
+                and now - self._unanswered_since >= self.failover)
+        if not (away or mute):
+            return
+        self._sock.disable_monitor()
+        self._monitor.close()
+        self._sock.close()
+        self._at = (self._at + 1) % len(self.endpoints)
+        self.failovers += 1
+        self._open()
+        self._subscribe(now)
 
     # --- what you call ------------------------------------------------------------------
 
@@ -197,6 +247,7 @@ class FeedClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready:
             now = time.monotonic()
+            self._move_on(now)
             self._housekeeping(now)
             if self._ready:
                 break
@@ -208,9 +259,21 @@ class FeedClient:
 
     def declare(self, declaration: JobDeclaration, timeout: float = 10.0) -> None:
         """Send a declaration for one of your jobs; raises :class:`RequestError` if refused."""
+        self.request(declaration, timeout)
+
+    def answer_notice(self, notice: str, action: NoticeAction | str, seconds: float = 0.0,
+                      timeout: float = 10.0) -> None:
+        """Approve a validation notice (start now) or defer it (by ``seconds``; 0: all your
+        declaration allows); raises :class:`RequestError` if refused. The notice comes
+        again on the job's topic showing the outcome."""
+        self.request(ValidationAnswer(notice, NoticeAction(action), seconds), timeout)
+
+    def request(self, body: Message, timeout: float = 10.0) -> None:
+        """Send one request and wait for its answer; raises :class:`RequestError` if it is
+        refused or not answered within ``timeout`` seconds."""
         self._request_seq += 1
         seq = self._request_seq
-        frame = encode(declaration, sender="tenant", seq=seq)
+        frame = encode(body, sender="tenant", seq=seq)
         sent = self._send(frame)
         deadline = time.monotonic() + timeout
         while seq not in self._replies:
@@ -223,7 +286,7 @@ class FeedClient:
                 sent = self._send(frame)
         reply = self._replies.pop(seq)
         if not reply.ok:
-            raise RequestError(reply.error)
+            raise RequestError(reply.error, reply.code)
 
     def __iter__(self) -> Iterator[FeedMessage]:
         while True:
@@ -252,6 +315,8 @@ class FeedClient:
         items = sorted(positions.items(), key=lambda kv: -kv[1])[:MAX_POSITIONS]
         request = Subscribe(self.topics, tuple(Position(t, s) for t, s in items), self.epoch)
         self._send(encode(request, sender="tenant"))  # if not now, at the next renewal
+        if self._unanswered_since is None:
+            self._unanswered_since = now
         self._next_renew = now + self._renew / 3
 
     def _send(self, frame: bytes) -> bool:
@@ -279,9 +344,15 @@ class FeedClient:
             except zmq.Again:
                 return
             kind = event["event"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if kind in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_CONNECTED):
+                self._down_since = None
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED or (
+                    kind == zmq.EVENT_CONNECTED and self._curve is None):
                 self._handshakes += 1
                 self.problem = None
+                if self._handshakes > 1:
+                    # A new connection is a new peer to the controller: subscribe again.
+                    self._subscribe(time.monotonic())
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.problem = REFUSED_KEY
                 raise FeedError(REFUSED_KEY)
@@ -289,7 +360,9 @@ class FeedClient:
                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                 self.problem = ("the handshake with the controller failed (a wrong server "
                                 "key, or not a HarmonAIze feed?)")
-            elif kind == zmq.EVENT_DISCONNECTED and self.problem is None:
+            elif kind == zmq.EVENT_DISCONNECTED and self._down_since is None:
+                self._down_since = time.monotonic()
+            if kind == zmq.EVENT_DISCONNECTED and self.problem is None:
                 self.problem = ("the controller closed the connection before any answer (a "
                                 "wrong server key?)" if not self._handshakes else
                                 "the connection to the controller dropped")
@@ -300,6 +373,9 @@ class FeedClient:
                   for s in self._topics.values() if s.gap_since is not None]
         if deadline is not None:
             wakes.append(deadline - now)
+        if len(self.endpoints) > 1:
+            wakes += [since + self.failover - now for since in (
+                self._down_since, self._unanswered_since) if since is not None]
         return max(0.0, min(wakes))
 
     def _housekeeping(self, now: float) -> None:
@@ -346,6 +422,7 @@ class FeedClient:
     def _control(self, body: Message) -> None:
         if isinstance(body, Subscribed):
             self.stats.subscriptions += 1
+            self._unanswered_since = None
             self.tenant, self.refused = body.tenant, body.refused
             self._renew = body.renew
             self._next_renew = min(self._next_renew, time.monotonic() + body.renew / 3)
@@ -363,6 +440,13 @@ class FeedClient:
                 state = self._topics.setdefault(position.topic, _Topic())
                 if not state.known:  # new to us: we want the present, not the past
                     state.last, state.known = position.seq, True
+            for oldest in body.oldest:  # what we asked for is partly gone: say so now
+                state = self._topics.get(oldest.topic)
+                if state is not None and state.known and state.last < oldest.seq - 1:
+                    self.stats.gaps += 1
+                    state.last = oldest.seq - 1
+                    state.gap_since = None
+                    self._release(oldest.topic, state)
         elif isinstance(body, Reply):
             self._replies[body.request] = body
         else:

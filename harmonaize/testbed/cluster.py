@@ -29,7 +29,7 @@ AGENT_PORT = 7400
 FEED_PORT = 7401
 #: A lab has two or three hosts: aggregate them at once. The product's defaults
 #: publish only aggregates of 5 or more hosts, at most every 10 s (plus jitter).
-SMALL_CLUSTER = "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
+SMALL_CLUSTER = "[redaction]\nmode = \"redacted\"\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
 
 
 class Timeout(AssertionError):

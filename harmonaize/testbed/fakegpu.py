@@ -20,6 +20,13 @@ How the real pynvml ends up calling the fake:
 Without the file (or the variable) ``nvmlInit`` fails with NVML_ERROR_DRIVER_NOT_LOADED, as on
 a host without the driver.
 
+Power limits: ``nvmlDeviceSetPowerManagementLimit`` keeps what it set in ``<state>.power``
+(`FakeNvml.set_limits` reads it), shared by every process that loads the same state and kept
+across their restarts, as a real GPU keeps its limit; below the state's ``power_mw`` the GPU
+slows along the curve documented in native/fake_nvml/power.c (clocks, draw, and the
+throughput `throughput` reads). ``power_settable = 0`` refuses the call with
+NVML_ERROR_NO_PERMISSION, ``power_ignores = 1`` accepts it and changes nothing.
+
 Behaviour worth knowing: a new event set delivers every XID in the file that is for a GPU it
 registered (so an XID injected before the agent starts is not lost); ``hang(gpu)`` with ``*``
 also blocks handle lookups for that GPU; a hung call gives up with NVML_ERROR_TIMEOUT after
@@ -51,7 +58,8 @@ GPU_KEYS = frozenset(
         "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
         "pcie_replay", "pcie_gen", "pcie_max_gen", "pcie_width", "pcie_max_width", "nvlinks",
         "recovery_action", "ecc_mode", "persistence_mode", "compute_mode", "processes", "lost",
-        "hang",
+        "hang", "power_min_mw", "power_max_mw", "power_default_mw", "power_static_mw",
+        "min_clock_sm_mhz", "compute_share", "power_settable", "power_ignores",
     }
 )  # fmt: skip
 LINK_KEYS = frozenset({"state", "replay", "recovery", "crc_flit", "crc_data", "ecc_data"})
@@ -99,6 +107,16 @@ def environment(state_path: str | os.PathLike[str]) -> dict[str, str]:
         STATE_ENV: str(Path(state_path).absolute()),
         "LD_LIBRARY_PATH": f"{lib_dir}:{inherited}" if inherited else lib_dir,
     }
+
+
+def throughput(handle: object) -> float:
+    """The fake GPU's throughput under its power limit, relative to unconstrained (the
+    curve in native/fake_nvml/power.c); ``handle`` is pynvml's device handle."""
+    value = ctypes.c_uint()
+    code = preload().fakeNvmlDeviceGetThroughput(handle, ctypes.byref(value))
+    if code != 0:
+        raise RuntimeError(f"fakeNvmlDeviceGetThroughput returned {code}")
+    return value.value / 1e6
 
 
 def _render(value: Value) -> str:
@@ -182,6 +200,24 @@ class FakeNvml:
 
     def release(self, gpu: int) -> None:
         self.set(gpu, hang=None)
+
+    @property
+    def settings_path(self) -> Path:
+        """Where the library keeps power limits set through NVML."""
+        return self.path.with_name(self.path.name + ".power")
+
+    def set_limits(self) -> dict[int, int]:
+        """Power limits (mW) set through NVML, per GPU: what the GPUs hold now."""
+        try:
+            text = self.settings_path.read_text()
+        except FileNotFoundError:
+            return {}
+        found = re.findall(r"^gpu\.(\d+)\.power_limit_mw = (\d+)$", text, re.MULTILINE)
+        return {int(gpu): int(mw) for gpu, mw in found}
+
+    def reset_power_limits(self) -> None:
+        """Forget every set limit (a driver reload): the state's values hold again."""
+        self.settings_path.unlink(missing_ok=True)
 
     def render(self) -> str:
         lines = ["# Written by harmonaize.testbed.fakegpu for native/fake_nvml."]

@@ -136,6 +136,14 @@ class Lab:
             f"{self.addr(host)}/{self.net.prefixlen}", "dev", "eth0")
         _ip("-n", self.ns(host), "link", "set", "eth0", "up")
 
+    def cut(self, host: str, *, off: bool = True) -> None:
+        """Cut ``host`` off the lab's switch (a partition), or (``off=False``) join it
+        again; its own namespace stays as it is."""
+        if self.pair:
+            raise ValueError("a pair has no switch to cut a host off")
+        port = f"p{self.hosts.index(host)}"
+        _ip("-n", self.switch, "link", "set", port, "down" if off else "up")
+
     def cmd(self, host: str, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.ns(host), *argv]
 

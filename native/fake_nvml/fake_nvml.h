@@ -245,6 +245,16 @@ struct fake_gpu {
     char hang[256]; /* comma-separated function names, or "*" */
     uint32_t nprocs;
     struct fake_proc procs[FAKE_MAX_PROCS];
+    /* Power management (power.c): constraints, default limit, the curve's inputs,
+     * and whether a set call is refused or silently ignored. */
+    uint32_t power_min_mw;
+    uint32_t power_max_mw;
+    uint32_t power_default_mw;
+    uint32_t power_static_mw;
+    uint32_t min_clock_sm_mhz;
+    uint32_t compute_share; /* percent of the work bound by the SM clock */
+    uint32_t power_settable;
+    uint32_t power_ignores;
 };
 
 struct fake_xid {
@@ -262,6 +272,20 @@ struct fake_state {
     struct fake_xid *xids; /* sorted by id */
     size_t nxids;
 };
+
+/* What a GPU reports under a power limit set through NVML (0: none set). */
+struct fake_power {
+    uint32_t limit_mw;
+    uint32_t draw_mw;
+    uint32_t clock_sm;
+    uint32_t clock_graphics;
+    uint64_t reasons;
+    uint32_t throughput_ppm; /* relative to the unconstrained GPU, per million */
+};
+
+void fake_power_view(const struct fake_gpu *g, uint32_t set_limit_mw, struct fake_power *out);
+void fake_settings_parse(int fd, uint32_t limits[FAKE_MAX_GPUS]);
+int fake_settings_write(const char *path, const uint32_t limits[FAKE_MAX_GPUS]);
 
 /* Parses the open state file; NULL only when memory runs out. */
 struct fake_state *fake_state_parse(int fd);

@@ -48,6 +48,12 @@ static int g_fd = -1;
 static struct stat g_stat;
 static struct nvmlDevice_st g_devices[FAKE_MAX_GPUS];
 static struct nvmlEventSet_st g_sets[MAX_EVENT_SETS];
+/* Power limits set through NVML (power.c), from "<state file>.power"; the file
+ * stays open for the same reason as the state file. 0: none set. */
+static char g_settings_path[sizeof(g_path) + 8];
+static uint32_t g_limits[FAKE_MAX_GPUS];
+static int g_settings_fd = -1;
+static struct stat g_settings_stat;
 
 /* ---- state file ---- */
 
@@ -85,12 +91,41 @@ static int load_locked(const char *path)
     return 0;
 }
 
+/* Loads the set power limits when their file changed; a vanished file sets none. */
+static void refresh_settings_locked(void)
+{
+    struct stat sb;
+    if (stat(g_settings_path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        memset(g_limits, 0, sizeof(g_limits));
+        if (g_settings_fd >= 0)
+            close(g_settings_fd);
+        g_settings_fd = -1;
+        memset(&g_settings_stat, 0, sizeof(g_settings_stat));
+        return;
+    }
+    if (g_settings_fd >= 0 && same_file(&sb, &g_settings_stat))
+        return;
+    int fd = open(g_settings_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return;
+    }
+    fake_settings_parse(fd, g_limits);
+    if (g_settings_fd >= 0)
+        close(g_settings_fd);
+    g_settings_fd = fd;
+    g_settings_stat = sb;
+}
+
 /* Re-reads the file when its identity changed; a vanished file keeps the last state. */
 static void refresh_locked(void)
 {
     struct stat sb;
     if (stat(g_path, &sb) == 0 && !same_file(&sb, &g_stat))
         load_locked(g_path);
+    refresh_settings_locked();
 }
 
 /* ---- time ---- */
@@ -267,6 +302,11 @@ static nvmlReturn_t init(void)
     /* Re-read on every init so each test's own file wins over a leaked init. */
     if (path && path[0] && strlen(path) < sizeof(g_path) && load_locked(path) == 0) {
         snprintf(g_path, sizeof(g_path), "%s", path);
+        snprintf(g_settings_path, sizeof(g_settings_path), "%s.power", path);
+        if (g_settings_fd >= 0)
+            close(g_settings_fd);
+        g_settings_fd = -1;
+        refresh_settings_locked();
         g_refcount++;
         r = NVML_SUCCESS;
     }
@@ -304,6 +344,12 @@ FAKE_API nvmlReturn_t nvmlShutdown(void)
             g_fd = -1;
             memset(&g_stat, 0, sizeof(g_stat));
             g_path[0] = '\0';
+            if (g_settings_fd >= 0)
+                close(g_settings_fd);
+            g_settings_fd = -1;
+            memset(&g_settings_stat, 0, sizeof(g_settings_stat));
+            memset(g_limits, 0, sizeof(g_limits));
+            g_settings_path[0] = '\0';
             memset(g_sets, 0, sizeof(g_sets));
         }
     }
@@ -556,12 +602,65 @@ FAKE_API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int
     return leave(NVML_SUCCESS);
 }
 
-SCALAR_GETTER(nvmlDeviceGetPowerUsage, unsigned int, g->power_mw)
-SCALAR_GETTER(nvmlDeviceGetEnforcedPowerLimit, unsigned int, g->power_limit_mw)
-SCALAR_GETTER(nvmlDeviceGetPowerManagementLimit, unsigned int, g->power_limit_mw)
-SCALAR_GETTER(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long, g->clocks_event_reasons)
+/* The GPU as its set power limit leaves it (power.c); caller holds g_lock. */
+static struct fake_power power_of(const struct fake_gpu *g)
+{
+    struct fake_power p;
+    fake_power_view(g, g_limits[g - g_state->gpu], &p);
+    return p;
+}
+
+SCALAR_GETTER(nvmlDeviceGetPowerUsage, unsigned int, power_of(g).draw_mw)
+SCALAR_GETTER(nvmlDeviceGetEnforcedPowerLimit, unsigned int, power_of(g).limit_mw)
+SCALAR_GETTER(nvmlDeviceGetPowerManagementLimit, unsigned int, power_of(g).limit_mw)
+SCALAR_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, unsigned int, g->power_default_mw)
+SCALAR_GETTER(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long, power_of(g).reasons)
 SCALAR_GETTER(nvmlDeviceGetCurrentClocksThrottleReasons, unsigned long long,
-              g->clocks_event_reasons)
+              power_of(g).reasons)
+
+FAKE_API nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device,
+                                                                  unsigned int *min_limit,
+                                                                  unsigned int *max_limit)
+{
+    const struct fake_gpu *g;
+    nvmlReturn_t r = enter_device(__func__, device, &g);
+    if (r)
+        return r;
+    if (!min_limit || !max_limit)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *min_limit = g->power_min_mw;
+    *max_limit = g->power_max_mw;
+    return leave(NVML_SUCCESS);
+}
+
+/* Refused without permission (as for a non-root caller), outside the constraints, or
+ * accepted and ignored by a GPU that says power_ignores; otherwise kept in the settings
+ * file, where every process sharing the state sees it. */
+FAKE_API nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit)
+{
+    const struct fake_gpu *g;
+    nvmlReturn_t r = enter_device(__func__, device, &g);
+    if (r)
+        return r;
+    if (!g->power_settable)
+        return leave(NVML_ERROR_NO_PERMISSION);
+    if (limit < g->power_min_mw || limit > g->power_max_mw)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->power_ignores)
+        return leave(NVML_SUCCESS);
+    uint32_t index = (uint32_t)(g - g_state->gpu);
+    uint32_t before = g_limits[index];
+    g_limits[index] = limit;
+    if (fake_settings_write(g_settings_path, g_limits) != 0) {
+        g_limits[index] = before;
+        return leave(NVML_ERROR_UNKNOWN);
+    }
+    return leave(NVML_SUCCESS);
+}
+
+/* Not NVML: the throughput the curve gives under the set limit, per million of the
+ * unconstrained GPU's, for tests' simulated ranks. */
+SCALAR_GETTER(fakeNvmlDeviceGetThroughput, unsigned int, power_of(g).throughput_ppm)
 
 static nvmlReturn_t clock_info(const char *fn, nvmlDevice_t device, unsigned int type,
                                unsigned int *clock, int max)
@@ -573,6 +672,10 @@ static nvmlReturn_t clock_info(const char *fn, nvmlDevice_t device, unsigned int
     if (!clock || type >= NVML_CLOCK_COUNT)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     *clock = max ? g->max_clock[type] : g->clock[type];
+    if (!max && type <= 1) { /* graphics and SM follow the power limit */
+        struct fake_power p = power_of(g);
+        *clock = type == 0 ? p.clock_graphics : p.clock_sm;
+    }
     return leave(NVML_SUCCESS);
 }
 

@@ -9,7 +9,11 @@
  * System: gpus (default 8, at most 64), driver_version, nvml_version,
  *   cuda_driver_version.
  * Per GPU, gpu.<i>.<key>: see gpu_fields[] below, plus processes =
- *   pid:bytes,pid:bytes. hang = comma-separated NVML function names (a name
+ *   pid:bytes,pid:bytes. Power management (power.c): power_min_mw and
+ *   power_max_mw (nvmlDeviceGetPowerManagementLimitConstraints), power_default_mw,
+ *   power_static_mw, min_clock_sm_mhz and compute_share (the curve),
+ *   power_settable = 0 (a set is refused with NVML_ERROR_NO_PERMISSION) and
+ *   power_ignores = 1 (a set succeeds and changes nothing). hang = comma-separated NVML function names (a name
  *   also matches its _vN variants) or "*" for every call on the device,
  *   handle lookups included.
  * Per NVLink, gpu.<i>.nvlink.<L>.<key> (L < 18): state, replay, recovery,
@@ -194,6 +198,15 @@ static void gpu_defaults(struct fake_gpu *g, uint32_t i)
         g->link[l].state = 1;
     g->ecc_mode = 1;
     g->persistence_mode = 1;
+    /* An H200 SXM's power management range (nvidia-smi -q -d POWER) and the curve's
+     * inputs (power.c): idle draw does not scale with the clock. */
+    g->power_min_mw = 200000;
+    g->power_max_mw = 700000;
+    g->power_default_mw = 700000;
+    g->power_static_mw = 75000;
+    g->min_clock_sm_mhz = 345;
+    g->compute_share = 100;
+    g->power_settable = 1;
     /* mem_used and mem_free are derived after parsing unless set. */
 }
 
@@ -256,6 +269,14 @@ static const struct field gpu_fields[] = {
     FIELD("compute_mode", F_U32, compute_mode),
     FIELD("lost", F_U32, lost),
     FIELD("hang", F_STR, hang),
+    FIELD("power_min_mw", F_U32, power_min_mw),
+    FIELD("power_max_mw", F_U32, power_max_mw),
+    FIELD("power_default_mw", F_U32, power_default_mw),
+    FIELD("power_static_mw", F_U32, power_static_mw),
+    FIELD("min_clock_sm_mhz", F_U32, min_clock_sm_mhz),
+    FIELD("compute_share", F_U32, compute_share),
+    FIELD("power_settable", F_U32, power_settable),
+    FIELD("power_ignores", F_U32, power_ignores),
 };
 
 /* nvlink.L.<name> → index into fake_link.counter, or -1 for the state. */

@@ -1,0 +1,475 @@
+"""The leader: the one replica that runs the controller's core on the bus.
+
+Whichever replica holds the lease ``leader`` (a key with the lease's time to live,
+renewed a few times per lease) is the leader. It rebuilds the core's state from the
+newest snapshot and the commits after it, then applies, in the order the bus holds
+them, what agents sent (from every replica's door), the replicas' word of which hosts
+are alive, and tenants' and operators' requests. Each batch ends in the core's Commit,
+which the leader stores on the bus fenced on the last commit it knows: a leader that
+lost its lease (and was replaced, and the new one wrote) cannot store another, and
+steps down without having sent anything that depended on it. Only after the commit is
+stored does it publish the batch's numbered publications to the feed stream (every
+replica serves its tenants from there), send hosts what the core has for them, and
+answer requests. A new leader publishes again what the commits it read hold (a
+publication the feed already has is stored once: its id is the same), so tenants see
+each number once whichever leader numbered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import nats.errors
+import nats.js.errors
+from nats.js.errors import NotFoundError, ObjectNotFoundError
+
+from controller import views
+from controller.bus import codec
+from controller.bus.nats import (
+    AGENTS,
+    BEATS,
+    COMMIT_SUBJECT,
+    LEADER_ADMIN,
+    LEADER_KEY,
+    LEADER_REQUEST,
+    SNAPSHOTS,
+    STATE,
+    Bus,
+    Fenced,
+    to_agent_subject,
+)
+from controller.core import ControllerCore
+from controller.outputs import (
+    AgentPeer,
+    AnswerTenant,
+    Commit,
+    FeedEntry,
+    Output,
+    Prune,
+    SendToAgent,
+    TenantPeer,
+)
+from controller.publications import SENDER
+from controller.store import Store
+from harmonaize.messages import (
+    AGENT_KINDS,
+    TENANT_KINDS,
+    Ack,
+    Envelope,
+    ErrorCode,
+    Heartbeat,
+    Reply,
+    Resync,
+    WireError,
+    decode,
+    encode,
+    kinds,
+)
+from harmonaize.opsocket import CommandError
+from harmonaize.schema import SchemaError, from_plain, strict_keys, to_plain
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from controller.config import ControllerConfig
+
+log = logging.getLogger("harmonaize.controller.leader")
+
+#: The core's name for a host heard on the bus.
+BUS_PEER = b"bus:"
+#: Requests a replica forwards (a subscription stays with the replica).
+FORWARDED = TENANT_KINDS - {"subscribe"}
+
+
+class StepDown(Exception):
+    """The lease, or the log, is someone else's now."""
+
+
+def peer_of(host: str) -> bytes:
+    return BUS_PEER + host.encode()
+
+
+class Leader:
+    def __init__(self, cfg: ControllerConfig, bus: Bus, epoch: int, mirror: Path) -> None:
+        self.cfg = cfg
+        self.bus = bus
+        self.epoch = epoch
+        #: The leader's own copy of the state (SQLite), which snapshots are made of.
+        self.mirror_path = mirror
+        self.core: ControllerCore | None = None
+        self.store: Store | None = None
+        self.revision = 0
+        self.commit_seq = 0
+        self.agents_seq = 0
+        self.terms = 0
+        self.took_over_at: float | None = None
+        self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._pending: dict[bytes, Msg] = {}
+        #: Answers that depend on nothing stored (malformed requests), sent after a batch.
+        self._replies: list[tuple[Msg, Reply]] = []
+        self._numbers = 0
+        self._snapshot_at = 0.0
+
+    @property
+    def leading(self) -> bool:
+        return self.core is not None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Contend for the lease for as long as the replica runs; lead while it is ours."""
+        period = self.cfg.cluster.lease / 4
+        while not stop.is_set():
+            revision = None
+            with contextlib.suppress(Exception):
+                revision = await self.bus.acquire(LEADER_KEY, self.cfg.cluster.replica)
+            if revision is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), period)
+                continue
+            self.revision = revision
+            try:
+                await self._lead(stop)
+            except StepDown as exc:
+                log.warning("no longer the leader: %s", exc)
+            except (OSError, TimeoutError, nats.errors.Error, nats.js.errors.Error,
+                    codec.CodecError) as exc:
+                # The bus failed under us (a node gone, a timeout): whether the last
+                # store landed is unknown, so step down; whoever leads next (perhaps this
+                # replica again) reads the log as it is.
+                log.warning("stepping down: the bus failed: %s: %s", type(exc).__name__, exc)
+            finally:
+                await self._end()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+
+    async def _end(self) -> None:
+        if self.core is not None and self.revision:
+            await self.bus.release(LEADER_KEY, self.revision)
+        self.core = None
+        for msg in self._pending.values():
+            with contextlib.suppress(Exception):
+                await msg.respond(b"")
+        self._pending.clear()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # --- taking over ---------------------------------------------------------------------
+
+    async def _restore(self) -> list[FeedEntry]:
+        """The state as of the last commit: the newest snapshot, then every commit after
+        it. Returns the publications of those commits (to publish again)."""
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.mirror_path}{suffix}").unlink(missing_ok=True)
+        assert self.bus.js is not None
+        snapshots = await self.bus.js.object_store(SNAPSHOTS)
+        with contextlib.suppress(NotFoundError, ObjectNotFoundError):
+            names = [o.name for o in await snapshots.list() if o.name.startswith("leader-")]
+            if names:
+                newest = max(names, key=lambda n: int(n.split("-")[1].split(".")[0]))
+                self.mirror_path.write_bytes((await snapshots.get(newest)).data or b"")
+        self.store = Store(self.mirror_path, durable=False)
+        self.commit_seq = int(self.store.get_meta("bus_commit_seq") or 0)
+        self.agents_seq = int(self.store.get_meta("bus_agents_seq") or 0)
+        last = await self.bus.last_commit()
+        again: list[FeedEntry] = []
+        async for batch in self.bus.read(STATE, COMMIT_SUBJECT, self.commit_seq, until=last):
+            for seq, data, _ in batch:
+                commit = codec.decode(data)
+                self.store.commit(commit.writes)
+                self.commit_seq, self.agents_seq = seq, commit.agents_seq
+                again += commit.writes.feed_log
+        if self.commit_seq < last:
+            raise StepDown(f"the log holds commits to {last}, read to {self.commit_seq}")
+        return again
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        began = time.monotonic()
+        again = await self._restore()
+        assert self.store is not None
+        restored = dataclasses.replace(self.store.restored(), feed_epoch=self.epoch)
+        core = ControllerCore(self.cfg, time.monotonic(), restored, rng=random.Random())
+        for host in list(core.cluster.hosts):
+            core.cluster.bind(peer_of(host), host)
+        for entry in again:
+            await self._publish(entry)
+        self.core = core
+        self.terms += 1
+        self.took_over_at = time.time()
+        self._snapshot_at = time.monotonic()
+        log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%.2f s)",
+                 self.commit_seq, self.agents_seq, len(core.cluster.hosts),
+                 time.monotonic() - began)
+        assert self.bus.nc is not None
+        subs = [await self.bus.nc.subscribe(BEATS, cb=self._beats),
+                await self.bus.nc.subscribe(LEADER_REQUEST, cb=self._request),
+                await self.bus.nc.subscribe(LEADER_ADMIN, cb=self._admin)]
+        tasks = [asyncio.create_task(self._read_agents()), asyncio.create_task(self._renew()),
+                 asyncio.create_task(self._timer())]
+        stopper = asyncio.create_task(stop.wait())
+        work = asyncio.create_task(self._work())
+        try:
+            done, _ = await asyncio.wait([stopper, work, *tasks],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in (*tasks, work, stopper):
+                task.cancel()
+            for task in (*tasks, work, stopper):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    # --- inputs --------------------------------------------------------------------------
+
+    async def _read_agents(self) -> None:
+        async for batch in self.bus.read(AGENTS, "hz.agents.>", self.agents_seq):
+            await self._queue.put(("agents", batch))
+
+    async def _beats(self, msg: Msg) -> None:
+        with contextlib.suppress(ValueError, TypeError):
+            hosts = msgpack.unpackb(msg.data, raw=False)
+            if isinstance(hosts, list):
+                self._queue.put_nowait(("beats", [h for h in hosts if isinstance(h, str)]))
+
+    async def _request(self, msg: Msg) -> None:
+        self._queue.put_nowait(("request", msg))
+
+    async def _admin(self, msg: Msg) -> None:
+        self._queue.put_nowait(("admin", msg))
+
+    async def _renew(self) -> None:
+        """Renew the lease a few times per lease; a leader that could not renew it for a
+        whole lease (it may have expired, and another leader begun) steps down at once,
+        without waiting for the bus to say so."""
+        lease = self.cfg.cluster.lease
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(lease / 4)
+            try:
+                revision = await asyncio.wait_for(self.bus.renew(
+                    LEADER_KEY, self.cfg.cluster.replica, self.revision), lease / 2)
+            except (TimeoutError, OSError, nats.errors.Error, nats.js.errors.Error):
+                if time.monotonic() - renewed >= lease:
+                    raise StepDown("the lease was not renewed for a whole lease") from None
+                continue
+            if revision is None:
+                raise StepDown("the lease is someone else's")
+            self.revision, renewed = revision, time.monotonic()
+
+    async def _timer(self) -> None:
+        while True:
+            core = self.core
+            deadline = core.next_deadline() if core is not None else None
+            delay = 0.5 if deadline is None else deadline - time.monotonic()
+            await asyncio.sleep(min(0.5, max(0.01, delay)))
+            self._queue.put_nowait(("tick", None))
+
+    # --- the work ------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        while True:
+            items = [await self._queue.get()]
+            while not self._queue.empty() and len(items) < 64:
+                items.append(self._queue.get_nowait())
+            core = self.core
+            assert core is not None
+            now, wall = time.monotonic(), time.time()
+            outputs: list[Output] = []
+            for kind, item in items:
+                if kind == "agents":
+                    outputs += self._agents(core, item, now)
+                elif kind == "beats":
+                    for host in item:
+                        if host in core.cluster.hosts:
+                            outputs += core.receive(AgentPeer(peer_of(host), host), Envelope(
+                                "heartbeat", host, 0, wall, Heartbeat(0.0, 0)), now)
+                elif kind == "request":
+                    outputs += self._tenant_request(core, item, now)
+                elif kind == "admin":
+                    outputs += await self._admin_request(core, item, now, wall)
+            outputs += core.tick(now, wall)
+            await self._execute(outputs)
+            replies, self._replies = self._replies, []
+            for msg, reply in replies:
+                await msg.respond(msgpack.packb(to_plain(reply)))
+            if now - self._snapshot_at >= self.cfg.cluster.snapshot_interval:
+                self._snapshot_at = now
+                await self._snapshot()
+
+    def _agents(self, core: ControllerCore, batch: list[tuple[int, bytes, dict[str, str]]],
+                now: float) -> list[Output]:
+        out: list[Output] = []
+        for seq, data, head in batch:
+            self.agents_seq = seq
+            host = head.get("hz-host", "")
+            try:
+                env = decode(data, allowed=AGENT_KINDS)
+            except WireError as exc:  # a replica stored only what it could decode
+                log.warning("agents' stream %d (%s): not a frame: %s", seq, host, exc)
+                continue
+            out += core.receive(AgentPeer(peer_of(host), host), env, now)
+        return out
+
+    def _tenant_request(self, core: ControllerCore, msg: Msg, now: float) -> list[Output]:
+        """A tenant's request a replica forwarded: {tenant, kind, seq, body}."""
+        try:
+            request = msgpack.unpackb(msg.data, raw=False)
+            kind = request["kind"]
+            if kind not in FORWARDED:
+                raise ValueError(f"{kind!r} is not forwarded")
+            with strict_keys():
+                body = from_plain(kinds()[kind], request["body"], kind)
+            env = Envelope(kind, "tenant", int(request["seq"]), time.time(), body)
+            tenant = str(request["tenant"])
+        except (ValueError, TypeError, KeyError, SchemaError) as exc:
+            reply = Reply(0, False, f"rejected: {exc}"[:1000], ErrorCode.INVALID.value)
+            self._replies.append((msg, reply))
+            return []
+        self._numbers += 1
+        peer = b"req:" + str(self._numbers).encode()
+        self._pending[peer] = msg
+        return core.receive(TenantPeer(peer, tenant), env, now)
+
+    async def _admin_request(self, core: ControllerCore, msg: Msg, now: float,
+                             wall: float) -> list[Output]:
+        """An operator's command a replica forwarded: {command, args}."""
+        outputs: list[Output] = []
+        try:
+            request = msgpack.unpackb(msg.data, raw=False)
+            result, outputs = self.command(core, str(request["command"]),
+                                           dict(request.get("args") or {}), now, wall)
+            answer = {"result": result}
+        except CommandError as exc:
+            answer = {"error": str(exc)}
+        except (ValueError, TypeError, KeyError) as exc:
+            answer = {"error": f"malformed request: {exc}"}
+        # Answered once what it changed is committed (the outputs run first).
+        await self._execute(outputs)
+        await msg.respond(msgpack.packb(answer, use_bin_type=True))
+        return []
+
+    def command(self, core: ControllerCore, name: str, args: dict[str, Any], now: float,
+                wall: float) -> tuple[Any, list[Output]]:
+        """The leader's answer to an operator command, and the outputs it causes."""
+        if name == "hosts":
+            return views.hosts(core, now), []
+        if name == "capacity":
+            return views.capacity(core), []
+        if name == "jobs":
+            return views.jobs(core, now), []
+        if name == "tenants":
+            return views.tenants(core, None), []
+        if name == "pools":
+            return views.pools(core), []
+        if name == "privacy":
+            return views.privacy(core, now), []
+        if name == "events":
+            limit = args.get("limit", 50)
+            if isinstance(limit, bool) or not isinstance(limit, int) or \
+                    not 1 <= limit <= 10_000:
+                raise CommandError("limit must be an integer from 1 to 10000")
+            assert self.store is not None
+            return self.store.recent_events(limit), []
+        if name == "place":
+            try:
+                placement = views.placement(args)
+            except SchemaError as exc:
+                raise CommandError(str(exc)) from None
+            return ({"job": placement.job, "members": len(placement.members)},
+                    core.place(placement, now, wall))
+        if name == "unplace":
+            job = args.get("job")
+            if not isinstance(job, str) or job not in core.redactor.placements:
+                raise CommandError("job must name a placed job")
+            return {"job": job}, core.unplace(job, now)
+        if name == "tenant-notices":
+            from controller.gateway.http import tenant_notices  # noqa: PLC0415
+
+            return tenant_notices(core, str(args.get("tenant", ""))), []
+        if name == "leader":
+            return self.view(), []
+        raise CommandError(f"unknown command {name!r}")
+
+    # --- outputs -------------------------------------------------------------------------
+
+    async def _execute(self, outputs: list[Output]) -> None:
+        """In order: a Commit is stored (fenced) before anything after it goes out."""
+        assert self.bus.nc is not None
+        for out in outputs:
+            if isinstance(out, Commit):
+                await self._commit(out)
+            elif isinstance(out, SendToAgent):
+                if isinstance(out.message, Ack | Resync):
+                    continue  # the replica at the agent's door answered those
+                host = out.conn.removeprefix(BUS_PEER).decode()
+                await self.bus.nc.publish(to_agent_subject(host),
+                                          encode(out.message, sender=SENDER))
+            elif isinstance(out, AnswerTenant):
+                msg = self._pending.pop(out.peer, None)
+                if msg is not None:
+                    await msg.respond(msgpack.packb(to_plain(out.message)))
+            elif isinstance(out, Prune) and self.store is not None:
+                self.store.prune_events()
+                self.store.prune_feed(out.retention)
+
+    async def _commit(self, commit: Commit) -> None:
+        payload = codec.encode(codec.Commit(commit.writes, self.agents_seq))
+        try:
+            stored = await self.bus.store(COMMIT_SUBJECT, payload, self.commit_seq)
+        except Fenced:
+            raise StepDown("another leader stored a commit") from None
+        self.commit_seq = stored.seq
+        assert self.store is not None
+        self.store.commit(commit.writes)
+        self.store.set_meta("bus_commit_seq", self.commit_seq)
+        self.store.set_meta("bus_agents_seq", self.agents_seq)
+        for entry in commit.writes.feed_log:
+            await self._publish(entry)
+
+    async def _publish(self, entry: FeedEntry) -> None:
+        await self.bus.publish_feed(codec.feed_entry(entry),
+                                    f"{self.epoch}:{entry.topic}:{entry.seq}")
+
+    async def _snapshot(self) -> None:
+        """The mirror as of the last commit, in the object store; commits before it go."""
+        assert self.store is not None and self.bus.js is not None
+        covered = self.commit_seq
+        if covered == 0:
+            return
+        copy = self.mirror_path.with_suffix(".snapshot")
+        copy.unlink(missing_ok=True)
+        self.store.db.execute("VACUUM INTO ?", (str(copy),))
+        snapshots = await self.bus.js.object_store(SNAPSHOTS)
+        name = f"leader-{covered}.db"
+        await snapshots.put(name, copy.read_bytes())
+        copy.unlink(missing_ok=True)
+        with contextlib.suppress(NotFoundError, ObjectNotFoundError):
+            for old in await snapshots.list():
+                if old.name.startswith("leader-") and old.name != name:
+                    await snapshots.delete(old.name)
+        # Keep the last commit: the next one is fenced on it.
+        await self.bus.js.purge_stream(STATE, subject=COMMIT_SUBJECT, seq=covered)
+        log.info("snapshot of the state to commit %d", covered)
+
+    def view(self) -> dict[str, Any]:
+        return {"leading": self.leading, "terms": self.terms,
+                "commit": self.commit_seq, "agents_stream": self.agents_seq,
+                "since": self.took_over_at,
+                "queued": self._queue.qsize(),
+                "hosts": len(self.core.cluster.hosts) if self.core else 0,
+                "next_deadline_in": (max(0.0, d - time.monotonic()) if self.core and
+                                     (d := self.core.next_deadline()) is not None
+                                     and math.isfinite(d) else None)}

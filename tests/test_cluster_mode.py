@@ -1,0 +1,211 @@
+"""Cluster mode with real processes: a three-node NATS JetStream cluster, controller
+replicas, probe agents and recording tenants, each in a network namespace. Replicas
+and NATS nodes are killed, partitioned and restarted; what agents were acknowledged
+must reach tenants once, at the same numbers whichever replica serves them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harmonaize.testbed.natscluster import Clustered, read_lines, wait_for
+from tests.conftest import needs_root, python
+
+pytestmark = [pytest.mark.cluster, needs_root]
+
+JOB = "job-c"
+TOPIC = f"job/acme/{JOB}/"
+HOSTS = ("n1", "n2", "n3", "r1", "r2", "r3", "a1", "a2", "t1", "t2")
+
+
+@pytest.fixture
+def cluster(make_lab, workdir: Path) -> Iterator[Clustered]:
+    lab = make_lab(HOSTS, subnet="10.232.0.0/24")
+    clustered = Clustered(lab, workdir)
+    clustered.start_all_nats()
+    yield clustered
+    # Shown only when the test failed (pytest prints what a passing test wrote to no one).
+    for log in sorted(workdir.glob("*.log")) + sorted(workdir.glob("r*/controller.log")):
+        print(f"===== {log.relative_to(workdir)}\n{log.read_text()[-4000:]}")
+    for status in sorted(workdir.glob("*.status")):
+        print(f"===== {status.name}: {status.read_text()}")
+
+
+def place(cluster: Clustered, members: int, *hosts: str) -> None:
+    """The job's ranks 0..members-1 on ``hosts``, in turn (asked of any replica)."""
+    replica = next(iter(cluster.replicas.values()))
+    wait_for(lambda: _try(replica.request, "place", {
+        "job": JOB, "tenant": "acme",
+        "members": [{"name": str(i), "host": hosts[i % len(hosts)]}
+                    for i in range(members)]}), what="the placement")
+
+
+def _try(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args) or True
+    except Exception:  # no leader yet: try again
+        return None
+
+
+def acked(record: Path) -> set[int]:
+    return {line["n"] for line in read_lines(record)}
+
+
+def advised(record: Path) -> list[int]:
+    """Every rank number the tenant was given in an advisory, in order."""
+    return [int(line["body"]["ranks"][0]) for line in read_lines(record)
+            if line["kind"] == "job-advisory"]
+
+
+def check_feed(record: Path) -> None:
+    """Each topic's numbers once each and in order, with no hole."""
+    seen: dict[str, list[int]] = {}
+    for line in read_lines(record):
+        seen.setdefault(line["topic"], []).append(line["seq"])
+    for topic, seqs in seen.items():
+        assert len(seqs) == len(set(seqs)), f"{topic}: a number delivered twice: {seqs}"
+        assert seqs == sorted(seqs), f"{topic}: out of order: {seqs}"
+        if topic == TOPIC:  # events: every one from the first on
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"{topic}: a hole"
+
+
+def settle(cluster: Clustered, records: list[Path], tenants: list[Path], n: int) -> None:
+    """Until the agents are done and every acknowledged advisory reached the tenants."""
+    def done() -> bool:
+        sent = set().union(*(acked(r) for r in records))
+        return len(sent) >= n and all(sent <= set(advised(t)) for t in tenants)
+    wait_for(done, 120, "every acknowledged advisory at every tenant")
+
+
+def test_replicas_share_agents_and_tenants_see_one_feed(cluster: Clustered) -> None:
+    for name in ("r1", "r2"):
+        cluster.start_replica(name)
+    leader = cluster.leader()
+    place(cluster, 100, "a1", "a2")
+    records = [cluster.start_agent("a1", job=JOB, count=50, rate=40, replicas=["r1"]),
+               cluster.start_agent("a2", job=JOB, count=50, rate=40, replicas=["r2"])]
+    # Ranks 0, 2, 4, ... are on a1 and the rest on a2: each agent names its own.
+    tenants = [cluster.start_tenant("t1", "acme", ["job/acme/", "pool/"], ["r1"]),
+               cluster.start_tenant("t2", "acme", ["job/acme/", "pool/"], ["r2"])]
+    settle(cluster, records, tenants, 50)
+    first, second = (read_lines(t) for t in tenants)
+    job = [(x["seq"], x["body"]) for x in first if x["topic"] == TOPIC]
+    assert job == [(x["seq"], x["body"]) for x in second if x["topic"] == TOPIC][:len(job)]
+    for tenant in tenants:
+        check_feed(tenant)
+    status = cluster.replicas["r2"].request("status")
+    assert status["cluster"]["leader"] == leader
+    assert set(status["cluster"]["replicas"]) == {"r1", "r2"}
+    hosts = {h["host_id"] for h in cluster.replicas["r2"].request("hosts")}
+    assert hosts == {"a1", "a2"}  # the leader's view, asked of either replica
+
+
+def test_killing_the_leader_loses_nothing_acknowledged_and_delivers_nothing_twice(
+        cluster: Clustered) -> None:
+    for name in ("r1", "r2", "r3"):
+        cluster.start_replica(name)
+    leader = cluster.leader()
+    place(cluster, 400, "a1")
+    record = cluster.start_agent("a1", job=JOB, count=300, rate=30)
+    tenants = [cluster.start_tenant(t, "acme", ["job/acme/"]) for t in ("t1", "t2")]
+    wait_for(lambda: len(acked(record)) >= 80, 60, "the first advisories")
+    cluster.kill_replica(leader)  # SIGKILL, mid-stream
+    settle(cluster, [record], [t for t in tenants], 300)
+    for tenant in tenants:
+        check_feed(tenant)
+        counts = Counter(advised(tenant))
+        assert not [n for n, c in counts.items() if c > 1], "an advisory delivered twice"
+        assert acked(record) <= set(counts)
+    successor = cluster.leader()
+    assert successor != leader
+    status = cluster.replicas[successor].request("status")["cluster"]["leading"]
+    assert status["terms"] == 1 and status["commit"] > 0
+    # What an operator reads: harmonctl -C status at any replica names the leader.
+    other = next(r for r in ("r1", "r2", "r3") if r not in (leader, successor))
+    shown = subprocess.run(
+        python("harmonaize.harmonctl", "-C", "status"), capture_output=True, text=True,
+        timeout=30, env={**os.environ,
+                         "HARMONCTL_ADMIN_SOCKET": str(cluster.replicas[other].admin)})
+    assert shown.returncode == 0, shown.stderr
+    lines = dict(line.split(":", 1) for line in shown.stdout.splitlines() if ":" in line)
+    assert lines["leader"].strip() == successor
+    assert lines["leading"].strip() == "no"
+    assert leader not in lines["replicas"] and successor in lines["replicas"]
+
+
+def test_a_nats_node_killed_and_every_process_restarted(cluster: Clustered) -> None:
+    for name in ("r1", "r2"):
+        cluster.start_replica(name)
+    cluster.leader()
+    place(cluster, 200, "a1")
+    record = cluster.start_agent("a1", job=JOB, count=120, rate=30)
+    tenant = cluster.start_tenant("t1", "acme", ["job/acme/"])
+    wait_for(lambda: len(acked(record)) >= 30, 60, "the first advisories")
+    cluster.kill_nats("n2")  # R3 streams carry on with two of three
+    wait_for(lambda: len(acked(record)) >= 80, 60, "advisories with a node down")
+    cluster.start_nats("n2")
+    settle(cluster, [record], [tenant], 120)
+    before = read_lines(tenant)
+    # Everything restarted: the feed goes on at the same numbers, epoch and all.
+    for name in list(cluster.replicas):
+        cluster.kill_replica(name, signal.SIGTERM)
+    for node in list(cluster.nats):
+        cluster.kill_nats(node)
+    cluster.start_all_nats()
+    for name in ("r1", "r2"):
+        cluster.start_replica(name)
+    cluster.leader()
+    place(cluster, 200, "a1", "a2")  # ranks 1, 3, 5, ... now on a2
+    # a2 names its own ranks, ones no advisory named before: 121, 123, ... 139
+    again = cluster.start_agent("a2", job=JOB, count=10, rate=20, first=121, step=2)
+    wait_for(lambda: len(acked(again)) >= 10, 90, "the second agent's advisories")
+    wait_for(lambda: acked(again) <= set(advised(tenant)), 90,
+             "the advisories after the restart")
+    check_feed(tenant)
+    assert acked(record) <= set(advised(tenant))
+    assert not [n for n, c in Counter(advised(tenant)).items() if c > 1], "delivered twice"
+    assert len(read_lines(tenant)) > len(before)
+    status = Path(f"{tenant}.status").read_text()
+    assert '"resets": 0' in status  # one epoch throughout
+
+
+def test_a_partitioned_leader_steps_down_and_its_successor_goes_on(
+        cluster: Clustered) -> None:
+    for name in ("r1", "r2", "r3"):
+        cluster.start_replica(name)
+    leader = cluster.leader()
+    place(cluster, 400, "a1")
+    record = cluster.start_agent("a1", job=JOB, count=240, rate=30)
+    tenant = cluster.start_tenant("t1", "acme", ["job/acme/"])
+    wait_for(lambda: len(acked(record)) >= 60, 60, "the first advisories")
+    cluster.lab.cut(leader)
+    successor = wait_for(lambda: _other_leader(cluster, leader), 60, "a new leader")
+    time.sleep(cluster.lease * 2)
+    cluster.lab.cut(leader, off=False)
+    settle(cluster, [record], [tenant], 240)
+    check_feed(tenant)
+    assert not [n for n, c in Counter(advised(tenant)).items() if c > 1]
+    # Healed, the old leader follows: one leader, whose log was never forked.
+    wait_for(lambda: (cluster.replicas[leader].status() or {}).get("cluster", {})
+             .get("bus") == "connected", 60, "the old leader back on the bus")
+    wait_for(lambda: not cluster.replicas[leader].status()["cluster"]["leading"], 30,
+             "the old leader to follow")
+    assert cluster.leader() == successor
+
+
+def _other_leader(cluster: Clustered, old: str) -> str | None:
+    for name, replica in cluster.replicas.items():
+        if name == old:
+            continue
+        status = replica.status()
+        if status and status["cluster"].get("leading"):
+            return name
+    return None
