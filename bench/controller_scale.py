@@ -15,31 +15,43 @@ queue full, the probes' acknowledgement p99 stays under a second, the last
 third's median latency is not above twice the first third's plus 100 ms (no
 growing backlog), and the controller used under 95% of its core. The last
 line is ``controller-scale N agents``, N the largest sustained step.
+
+``--cluster`` runs the controller as the one replica of cluster mode with the bus in the
+path: a JetStream server (one node, streams of one copy; nats-server pinned to the load
+generators' CPUs, its CPU printed beside the controller's) stores every sequenced frame
+before it is acknowledged, the replica's leader applies it from there and commits to the
+bus instead of SQLite. The figure is then agents per controller core with the bus's
+round trips in every acknowledgement; docs/scaling.md takes it from here.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import os
 import random
 import resource
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import nats
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import daemon, free_port, percentile, scratch
+from bench.common import daemon, free_port, percentile, scratch, wait_until
 from harmonaize import keys
 from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.opsocket import request
+from harmonaize.testbed.natscluster import nats_server
 
 PROBES = 20
 SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
@@ -172,6 +184,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured per step")
     parser.add_argument("--generators", type=int, default=4)
     parser.add_argument("--refresh", type=float, default=30.0)
+    parser.add_argument("--cluster", action="store_true",
+                        help="the controller as a cluster-mode replica, NATS JetStream in the path")
     args = parser.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
@@ -205,36 +219,100 @@ def main() -> int:
             f'log_level = "warning"\n[auth]\nkeys_dir = "{work / "keys"}"\n'
         )
         admin = work / "controller.sock"
-        with daemon("controller.main", cfg, work / "controller.log", admin) as proc:
-            for task in os.listdir(f"/proc/{proc.pid}/task"):
-                os.sched_setaffinity(int(task), {cpus[0]})  # threads started so far...
-            gens, pipes = [], []
-            for g in range(args.generators):
-                ours, theirs = mp.Pipe()
-                share = Share(g, listen, server, pairs[g], args.refresh, set(cpus[1:]))
-                worker = mp.Process(target=generator, args=(share, theirs), daemon=True)
-                worker.start()
-                gens.append(worker)
-                pipes.append(ours)
-            best = 0
-            try:
-                for total in steps:
-                    result = run_step(total, args, proc.pid, pipes, admin)
-                    print(result["line"], flush=True)
-                    if not result["ok"]:
-                        break
-                    best = total
-            finally:
-                for pipe in pipes:
-                    pipe.send("stop")
-                for worker in gens:
-                    worker.join(timeout=10)
+        nats = start_nats(work, set(cpus[1:]), cfg) if args.cluster else None
+        try:
+            return drive(args, steps, cpus=cpus, cfg=cfg, admin=admin, work=work, listen=listen,
+                         server=server, pairs=pairs, nats=nats)
+        finally:
+            if nats is not None:
+                nats.send_signal(signal.SIGTERM)
+                nats.wait(timeout=10)
+
+
+def start_nats(work: Path, cpus: set[int], cfg: Path) -> subprocess.Popen[bytes]:
+    """One JetStream node on loopback, and the controller's configuration made a replica's."""
+    port = free_port()
+    (work / "nats").mkdir()
+    with (work / "nats.log").open("wb") as out:
+        proc = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port), "-js",
+                                 "-sd", str(work / "nats")], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    os.sched_setaffinity(proc.pid, cpus)
+    with cfg.open("a") as f:
+        f.write(f'[cluster]\nenabled = true\nreplica = "r1"\n'
+                f'servers = ["nats://127.0.0.1:{port}"]\nstream_replicas = 1\n')
+    return proc
+
+
+def streams(cfg: Path) -> None:
+    """What the bus holds after the run: messages and bytes per stream (the storage model)."""
+    server = next(line.split('"')[1] for line in cfg.read_text().splitlines()
+                  if line.startswith("servers"))
+
+    async def show() -> None:
+        nc = await nats.connect(server)
+        try:
+            js = nc.jetstream()
+            for name in ("HZ_AGENTS", "HZ_STATE", "HZ_FEED"):
+                state = (await js.stream_info(name)).state
+                per = state.bytes / state.messages if state.messages else 0.0
+                print(f"stream {name}: {state.messages} messages, {state.bytes} bytes, "
+                      f"{per:.0f} bytes a message", flush=True)
+        finally:
+            await nc.close()
+    asyncio.run(show())
+
+
+def alive_hosts(admin: Path) -> int:
+    """Hosts alive at the controller (in cluster mode the leader holds them: ask it)."""
+    status = request(admin, "status")
+    if status.get("cluster") is None:
+        return int(status["hosts"]["alive"])
+    if not status["cluster"].get("leading"):
+        return 0
+    return sum(1 for row in request(admin, "hosts", timeout=30.0) if row["alive"])
+
+
+def drive(args: argparse.Namespace, steps: list[int], *, cpus: list[int], cfg: Path,
+          admin: Path, work: Path, listen: str, server: bytes,
+          pairs: list[list[tuple[bytes, bytes]]],
+          nats: subprocess.Popen[bytes] | None) -> int:
+    if nats is not None:
+        wait_until(lambda: nats.poll() is not None or (work / "nats.log").read_text().find(
+            "Server is ready") >= 0, 30)
+    with daemon("controller.main", cfg, work / "controller.log", admin) as proc:
+        for task in os.listdir(f"/proc/{proc.pid}/task"):
+            os.sched_setaffinity(int(task), {cpus[0]})  # threads started so far...
+        gens, pipes = [], []
+        for g in range(args.generators):
+            ours, theirs = mp.Pipe()
+            share = Share(g, listen, server, pairs[g], args.refresh, set(cpus[1:]))
+            worker = mp.Process(target=generator, args=(share, theirs), daemon=True)
+            worker.start()
+            gens.append(worker)
+            pipes.append(ours)
+        best = 0
+        try:
+            for total in steps:
+                result = run_step(total, args, proc.pid, pipes, admin,
+                                  bus=nats.pid if nats is not None else None)
+                print(result["line"], flush=True)
+                if not result["ok"]:
+                    break
+                best = total
+        finally:
+            for pipe in pipes:
+                pipe.send("stop")
+            for worker in gens:
+                worker.join(timeout=10)
+            if nats is not None:
+                streams(cfg)
     print(f"controller-scale {best} agents")
     return 0
 
 
 def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connection],
-             admin: Path) -> dict[str, object]:
+             admin: Path, *, bus: int | None = None) -> dict[str, object]:
     per = -(-total // len(pipes))
     for pipe in pipes:
         pipe.send(per)
@@ -242,7 +320,7 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
         pipe.recv()
     total = per * len(pipes)
     deadline = time.monotonic() + 120
-    while request(admin, "status")["hosts"]["alive"] < total:
+    while alive_hosts(admin) < total:
         if time.monotonic() > deadline:
             return {"ok": False, "line": f"{total} agents: not all came up within 120 s"}
         time.sleep(0.5)
@@ -251,8 +329,10 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
         pipe.send("report")
         pipe.recv()  # discard what the ramp cost
     cpu0, wall0 = cpu_seconds(pid), time.monotonic()
+    bus0 = cpu_seconds(bus) if bus is not None else 0.0
     time.sleep(args.window)
     cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0)
+    bus_cpu = ((cpu_seconds(bus) - bus0) / (time.monotonic() - wall0)) if bus is not None else None
     blocked, samples, lag = 0, [], 0.0
     for pipe in pipes:
         pipe.send("report")
@@ -261,7 +341,7 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
         samples += report["latencies"]
         lag = max(lag, report["lag"])
     status = request(admin, "status")
-    alive = status["hosts"]["alive"]
+    alive = alive_hosts(admin)
     samples.sort()
     ms = [v for _, v in samples]
     third = max(1, len(samples) // 3)
@@ -282,7 +362,8 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
     line = (f"{total} agents: controller CPU {cpu * 100:.0f}% of a core, ack p50 {p50:.1f} ms "
             f"p99 {p99:.1f} ms (first third {first:.1f}, last third {last:.1f}), alive "
             f"{alive}/{total}, blocked sends {blocked}, frames {status['frames']}"
-            f" -> {'sustained' if ok else 'NOT sustained'}")
+            + (f", nats-server CPU {bus_cpu * 100:.0f}% of a core" if bus_cpu is not None else "")
+            + f" -> {'sustained' if ok else 'NOT sustained'}")
     return {"ok": ok, "line": line}
 
 

@@ -120,3 +120,19 @@ def test_bad_arguments_are_refused_and_change_nothing(stage: Path) -> None:
                               text=True, timeout=60)
         assert done.returncode != 0 and done.stderr.strip()
     assert files(stage) == []
+
+
+def test_cluster_mode_adds_the_controllers_drop_in_and_going_back_removes_it(
+        stage: Path) -> None:
+    run(INSTALL, stage, "--no-deps", "--role", "controller", "--cluster")
+    dropin = stage / "usr/lib/systemd/system/harmonaize-controller.service.d/cluster.conf"
+    shipped = ROOT / "systemd/harmonaize-controller.service.d/cluster.conf"
+    assert dropin.read_text() == shipped.read_text()
+    assert "TimeoutStartSec=150s" in dropin.read_text()
+    assert (stage / "usr/share/doc/harmonaize/scaling.md").is_file()
+    # The same install without --cluster is the embedded controller again.
+    run(INSTALL, stage, "--no-deps", "--role", "controller")
+    assert not dropin.parent.exists()
+    run(INSTALL, stage, "--no-deps", "--role", "controller", "--cluster")
+    run(UNINSTALL, stage)
+    assert files(stage) == []

@@ -172,10 +172,10 @@ class Clustered:
 
     def start_agent(self, host: str, *, job: str, count: int, rate: float,
                     replicas: Sequence[str] | None = None, pool: str = "p",
-                    first: int = 0, step: int = 1) -> Path:
+                    first: int = 0, step: int = 1, ranks: int = 0) -> Path:
         """A probe agent on ``host``: ``count`` job advisories at ``rate`` a second, each
-        naming one rank (``first``, ``first + step``, ...); its record (what was
-        acknowledged) is the returned file."""
+        naming one rank (``first``, ``first + step``, ..., modulo ``ranks`` if given);
+        its record (what was acknowledged) is the returned file."""
         creds = self.keyring.agent(host)
         record = self.workdir / f"{host}.acked"
         names = list(replicas or self.replicas)
@@ -184,6 +184,7 @@ class Clustered:
                               "--host", host, "--pool", pool, "--job", job,
                               "--count", str(count), "--rate", str(rate),
                               "--first", str(first), "--step", str(step),
+                              "--ranks", str(ranks),
                               "--key", str(creds.key), "--server-key", str(creds.server_key),
                               "--state", str(self.workdir / host), "--record", str(record),
                               *[a for e in endpoints for a in ("--endpoint", e)]],

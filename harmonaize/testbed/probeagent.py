@@ -45,7 +45,12 @@ async def main(args: argparse.Namespace) -> None:
                             epoch=epoch, acked=acked, heartbeat=cfg.heartbeat),
         spool=Spool(state / "spool.db", args.host),
         curve=(keys.load_pair(args.key), keys.load_public(args.server_key)))
-    sent: dict[int, int] = {}  # seq -> n
+    sent: dict[int, int] = {}  # seq -> the rank named
+
+    def rank(n: int) -> str:
+        named = args.first + n * args.step
+        return str(named % args.ranks if args.ranks else named)
+
     taken = uplink.outbox.take
 
     def take(now: float) -> tuple[int, object] | None:
@@ -69,24 +74,30 @@ async def main(args: argparse.Namespace) -> None:
         told = 0
         began = time.monotonic()
         n = 0
+        halt = Path(f"{args.record}.halt")  # made by a caller: send no more, drain, end
+        count = args.count
         while True:
             now = time.monotonic()
-            while n < args.count and n <= (now - began) * args.rate:
+            if count > n and halt.exists():
+                count = n
+            while n < count and n <= (now - began) * args.rate:
                 uplink.publish(JobAdvisory(args.job, Advice.CHECKPOINT_NOW, "thermal",
-                                           Urgency.ELEVATED, (str(args.first + n * args.step),)))
+                                           Urgency.ELEVATED, (rank(n),)))
                 n += 1
             acked = uplink.outbox.acked
             for seq in sorted(s for s in sent if s <= acked):
-                record.write(json.dumps({"n": sent.pop(seq), "seq": seq}) + "\n")
+                record.write(json.dumps({"n": sent.pop(seq), "seq": seq, "at": time.time()})
+                             + "\n")
                 told += 1
             record.flush()
             status = {**uplink.status(), "queued": len(uplink.outbox), "acked": acked,
-                      "told": told, "progress_age": time.monotonic() - uplink._progress_at,
+                      "told": told, "generated": n,
+                      "progress_age": time.monotonic() - uplink._progress_at,
                       "down_age": None if uplink._down_since is None
                       else time.monotonic() - uplink._down_since,
                       "need_hello": uplink._need_hello}
             Path(f"{args.record}.status").write_text(json.dumps(status))
-            if n >= args.count and not len(uplink.outbox) and not sent:
+            if n >= count and not len(uplink.outbox) and not sent:
                 break
             await asyncio.sleep(0.02)
     stop.set()
@@ -104,6 +115,8 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--first", type=int, default=0, help="the first rank named")
     parser.add_argument("--step", type=int, default=1, help="between the ranks named")
+    parser.add_argument("--ranks", type=int, default=0,
+                        help="names ranks modulo this (0: never again the same)")
     parser.add_argument("--endpoint", action="append", required=True)
     parser.add_argument("--failover", type=float, default=2.0)
     parser.add_argument("--key", required=True)

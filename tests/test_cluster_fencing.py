@@ -1,0 +1,109 @@
+"""The bus's fences, against a real nats-server: what makes "one decision per job" and
+"one replica speaks for a host" hold in cluster mode. Two replicas' Bus objects race
+for the leader's lease and the commit log; a deposed leader's next commit is refused,
+whatever it believes; a replica that lost a host to another cannot store for it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.bus.nats import (
+    COMMIT_SUBJECT,
+    LEADER_KEY,
+    STATE,
+    Bus,
+    Fenced,
+    agent_subject,
+)
+from controller.config import ClusterSection
+from harmonaize.testbed.natscluster import nats_server, wait_for
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path / "nats.log").open("wb")
+    proc = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port), "-js",
+                             "-sd", str(tmp_path / "js")], stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"Server is ready" in (tmp_path / "nats.log").read_bytes(), 30,
+                 "nats-server")
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def bus(url: str, name: str, lease: float = 1.0) -> Bus:
+    return Bus(ClusterSection(enabled=True, replica=name, servers=(url,), stream_replicas=1,
+                              lease=lease))
+
+
+def test_a_deposed_leaders_commit_is_refused_and_the_log_has_one_history(server: str) -> None:
+    async def scenario() -> None:
+        a, b = bus(server, "a"), bus(server, "b")
+        await a.connect()
+        await b.connect()
+        try:
+            held = await a.acquire(LEADER_KEY, "a")
+            assert held is not None
+            assert await b.acquire(LEADER_KEY, "b") is None  # held: b cannot lead
+            first = await a.store(COMMIT_SUBJECT, b"a:1", 0)
+            # a stops renewing (paused, cut off); its lease lapses and b takes over.
+            await asyncio.sleep(1.6)
+            taken = await b.acquire(LEADER_KEY, "b")
+            assert taken is not None
+            assert await a.renew(LEADER_KEY, "a", held) is None  # a learns it lost
+            last = await b.last_commit()
+            assert last == first.seq  # b read the log to its end before deciding
+            second = await b.store(COMMIT_SUBJECT, b"b:1", last)
+            # a, still believing it leads, commits on what it last knew: refused.
+            with pytest.raises(Fenced):
+                await a.store(COMMIT_SUBJECT, b"a:2", first.seq)
+            assert await a.last_commit() == second.seq
+            # One history: a's first commit, then b's; nothing of a's after b took over.
+            assert a.js is not None
+            bodies = [(await a.js.get_msg(STATE, seq)).data for seq in (first.seq, second.seq)]
+            assert bodies == [b"a:1", b"b:1"]
+            assert (await a.js.stream_info(STATE)).state.messages == 2
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_only_one_replica_stores_for_a_host_at_each_position(server: str) -> None:
+    async def scenario() -> None:
+        a, b = bus(server, "a"), bus(server, "b")
+        await a.connect()
+        await b.connect()
+        try:
+            subject = agent_subject("gpu-017")
+            # The agent moved from a to b; both saw the host's subject at its start.
+            stored = await b.store(subject, b"frame 1 via b", 0)
+            with pytest.raises(Fenced):
+                await a.store(subject, b"frame 1 via a", 0)
+            # a, reading where the subject is now, may store after it (the agent resends).
+            assert (await a.agent_log("gpu-017")).subject_seq == stored.seq
+            again = await a.store(subject, b"frame 2 via a", stored.seq,
+                                  headers={"hz-epoch": "7", "hz-seq": "2"})
+            log = await b.agent_log("gpu-017")
+            assert (log.subject_seq, log.epoch, log.seq) == (again.seq, 7, 2)
+            with pytest.raises(Fenced):  # and b, behind now, is refused in turn
+                await b.store(subject, b"frame 2 via b", stored.seq)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
