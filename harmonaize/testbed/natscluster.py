@@ -95,8 +95,10 @@ class Clustered:
             f'server_name: "{node}"\nlisten: "{self.lab.addr(node)}:{CLIENT_PORT}"\n'
             f'jetstream {{ store_dir: "{store}", max_memory_store: 268435456, '
             f'max_file_store: 2147483648 }}\n'
-            f'cluster {{ name: "hz", listen: "{self.lab.addr(node)}:{ROUTE_PORT}", '
-            f'routes: [{routes}] }}\n')
+            # One node alone is a plain JetStream server (a cluster of one would wait
+            # for peers that never come).
+            + (f'cluster {{ name: "hz", listen: "{self.lab.addr(node)}:{ROUTE_PORT}", '
+               f'routes: [{routes}] }}\n' if len(self.nodes) > 1 else ""))
         self.nats[node] = self.lab.popen(node, [nats_server(), "-c", str(config)],
                                          log=self.workdir / f"{node}.log")
 
