@@ -99,15 +99,20 @@ def _ablation(scenario: Scenario, workers: int | None) -> list[tuple[str, Outcom
     return rows
 
 
-def _energy(args: argparse.Namespace, scenario: Scenario) -> int:
+def _slacks(text: str) -> list[float] | None:
+    """``--slack`` as sorted slowdowns with 0 among them, or None after one line why."""
     try:
-        slacks = sorted({float(s) for s in args.slack.split(",")} | {0.0})
+        slacks = sorted({float(s) for s in text.split(",")} | {0.0})
     except ValueError:
-        print(f"harmonaize-sim: --slack: not numbers: {args.slack}", file=sys.stderr)
-        return 2
+        print(f"harmonaize-sim: --slack: not numbers: {text}", file=sys.stderr)
+        return None
     if not all(0.0 <= s <= 0.5 for s in slacks):
         print("harmonaize-sim: --slack: each slowdown must be within 0..0.5", file=sys.stderr)
-        return 2
+        return None
+    return slacks
+
+
+def _energy(args: argparse.Namespace, scenario: Scenario, slacks: list[float]) -> int:
     began = time.perf_counter()
     print(f"scenario: {scenario_line(scenario)}")
     outcomes = energy.evaluate_slacks(scenario, slacks, args.workers)
@@ -132,6 +137,10 @@ def _energy(args: argparse.Namespace, scenario: Scenario) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # Arguments first: a bad one is told before minutes of reading a trace.
+    slacks = _slacks(args.slack) if args.energy else []
+    if slacks is None:
+        return 2
     try:
         cfg = SimConfig(seed=args.seed, fault_source=args.fault_source,
                         fault_time_scale=args.fault_time_scale,
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print("harmonaize-sim: no jobs left after subsetting", file=sys.stderr)
         return 2
     if args.energy:
-        return _energy(args, scenario)
+        return _energy(args, scenario, slacks)
     began = time.perf_counter()
     print(f"scenario: {scenario_line(scenario)}")
     main_runs = evaluate_all(scenario, regimes.main_regimes(), args.workers)

@@ -74,8 +74,14 @@ def keyring(workdir: Path) -> Keyring:
 
 def tenant_feed(controller: Controller, topics: list[str], tenant: str = "acme",
                 **kwargs: Any) -> FeedClient:
-    """A tenant's feed client, with a key the controller knows (under ``tenant``)."""
-    creds = keyring(controller.workdir).tenant(tenant)
+    """A tenant's feed client, with a key the controller knows (under ``tenant``): a key
+    filed just now is waited for until the controller has read it (it rescans its keys
+    directory; a handshake before then is refused, and the client says so)."""
+    ring = keyring(controller.workdir)
+    creds = ring.tenant(tenant)
+    filed = len(list((ring.root / "tenants").glob(f"*{keys.PUBLIC_SUFFIX}")))
+    wait_until(lambda: controller.request("status")["auth"].get("tenants_allowed", filed)
+               >= filed, 30, f"the controller to read tenant {tenant}'s key")
     return FeedClient(controller.feed, topics, key=creds.key, server_key=creds.server_key,
                       **kwargs)
 
