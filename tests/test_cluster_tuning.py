@@ -10,11 +10,8 @@ ranks must never have answered differently.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +21,15 @@ from agent.tuning.shm import policy_path, read_policy
 from harmonaize.testbed.cluster import TestCluster
 from harmonaize.testbed.natscluster import AGENT_PORT, Clustered, wait_for
 from tests.conftest import needs_root
-from tests.test_tuning_multihost import COMM, DECLARATION, JOB, PLUGIN, RANK, SPEED, links
+from tests.test_tuning_multihost import (
+    COMM,
+    JOB,
+    SPEED,
+    declare,
+    links,
+    outcomes,
+    start_ranks,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tuning, needs_root]
 
@@ -42,14 +47,6 @@ def agreed(cluster: TestCluster, host: str) -> tuple[int, object] | None:
     if found is None or found.pending or (found.after is None and found.before is None):
         return None
     return found.at, None if found.after is None else policy.rulesets[found.after]
-
-
-def outcomes(log: Path) -> list[tuple[int, str, str, int]]:
-    rows = []
-    for line in log.read_text().splitlines() if log.exists() else []:
-        index, algo, proto, channels = line.split()
-        rows.append((int(index), algo, proto, int(channels)))
-    return rows
 
 
 def test_agreement_goes_on_from_the_successor_when_the_leader_dies(
@@ -71,22 +68,12 @@ def test_agreement_goes_on_from_the_successor_when_the_leader_dies(
              "both hosts at the leader")
     anyone.request("place", {"job": JOB, "tenant": "acme", "members": [
         {"name": "0", "host": "a"}, {"name": "1", "host": "b"}]})
-    declaration = workdir / "declaration.json"
-    declaration.write_text(json.dumps(DECLARATION))
-    declared = cluster.tenant_cli("declare", str(declaration))
-    assert declared.returncode == 0, declared.stderr
+    declare(cluster, workdir)
     for host in ("a", "b"):
         wait_for(lambda h=host: cluster.agent_request(h, "jobs")["jobs"], 30,
                  f"the declaration at {host}")
 
-    logs = {h: workdir / f"rank-{h}.log" for h in ("a", "b")}
-    ranks = []
-    for index, host in enumerate(("a", "b")):
-        env = {**os.environ, "HARMONAIZE_JOB": JOB,
-               "HARMONAIZE_TUNER_DIR": str(cluster.policy_dir(host)), "RANK": str(index)}
-        ranks.append(lab.popen(host, [sys.executable, str(RANK), str(PLUGIN), hex(COMM),
-                                      "2", "2", "200", str(logs[host]), "--nccl", "23203"],
-                               env=env))
+    logs, ranks = start_ranks(cluster, workdir)
     try:
         wait_for(lambda: all(cluster.agent_request(h, "policy", {"job": JOB})["communicators"]
                              for h in ("a", "b")), 30, "the ranks at both agents")

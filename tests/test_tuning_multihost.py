@@ -53,6 +53,28 @@ def outcomes(log: Path) -> list[tuple[int, str, str, int]]:
     return rows
 
 
+def declare(cluster: TestCluster, workdir: Path) -> None:
+    """The tenant declares the job's tuning ranges (through whichever controller)."""
+    declaration = workdir / "declaration.json"
+    declaration.write_text(json.dumps(DECLARATION))
+    declared = cluster.tenant_cli("declare", str(declaration))
+    assert declared.returncode == 0, declared.stderr
+
+
+def start_ranks(cluster: TestCluster, workdir: Path
+                ) -> tuple[dict[str, Path], list[subprocess.Popen[bytes]]]:
+    """Rank 0 on a and rank 1 on b, each the real plugin in a stand-in; their logs."""
+    logs = {h: workdir / f"rank-{h}.log" for h in ("a", "b")}
+    ranks = []
+    for index, host in enumerate(("a", "b")):
+        env = {**os.environ, "HARMONAIZE_JOB": JOB,
+               "HARMONAIZE_TUNER_DIR": str(cluster.policy_dir(host)), "RANK": str(index)}
+        ranks.append(cluster.lab.popen(host, [sys.executable, str(RANK), str(PLUGIN),
+                                              hex(COMM), "2", "2", "200", str(logs[host]),
+                                              "--nccl", "23203"], env=env))
+    return logs, ranks
+
+
 def entry(cluster: TestCluster, host: str) -> object:
     path = policy_path(cluster.policy_dir(host), JOB)
     if not path.exists():
@@ -74,10 +96,7 @@ def test_two_hosts_switch_together_on_one_hosts_congestion(cluster: TestCluster,
     cluster.start_agent("b", gpus=0, extra=links(10_000), tuning="hold = 1.0\n")
     cluster.admin_request("place", {"job": JOB, "tenant": "acme", "members": [
         {"name": "0", "host": "a"}, {"name": "1", "host": "b"}]})
-    declaration = workdir / "declaration.json"
-    declaration.write_text(json.dumps(DECLARATION))
-    declared = cluster.tenant_cli("declare", str(declaration))
-    assert declared.returncode == 0, declared.stderr
+    declare(cluster, workdir)
     for host in ("a", "b"):
         jobs = cluster.agent_request(host, "jobs")["jobs"]
         deadline = time.monotonic() + 20
@@ -86,15 +105,7 @@ def test_two_hosts_switch_together_on_one_hosts_congestion(cluster: TestCluster,
             jobs = cluster.agent_request(host, "jobs")["jobs"]
         assert [j["job"] for j in jobs] == [JOB], f"{host} never got the declaration"
 
-    logs = {}
-    ranks = []
-    for index, host in enumerate(("a", "b")):
-        logs[host] = workdir / f"rank-{host}.log"
-        env = {**os.environ, "HARMONAIZE_JOB": JOB,
-               "HARMONAIZE_TUNER_DIR": str(cluster.policy_dir(host)), "RANK": str(index)}
-        ranks.append(cluster.lab.popen(host, [sys.executable, str(RANK), str(PLUGIN),
-                                              hex(COMM), "2", "2", "200", str(logs[host]),
-                                              "--nccl", "23203"], env=env))
+    logs, ranks = start_ranks(cluster, workdir)
     try:
         deadline = time.monotonic() + 30
         while not all(cluster.agent_request(h, "policy", {"job": JOB})["communicators"]
