@@ -377,6 +377,8 @@ class ReplicaServer(ControllerServer):
             peer, message = _decoded(frames, TENANT_KINDS, strict=True)
             tenant = frames[1].get("User-Id") if authenticated and len(frames) == 2 else ""
             if isinstance(message, Envelope) and message.kind in FORWARDED:
+                if not self._admitted(tenant):
+                    continue  # over budget: dropped unanswered, as the embedded core does
                 task = loop.create_task(self._forward(ZMQ_PEER + peer, tenant, message))
                 self._forwarding.add(task)  # held until done (the loop keeps weak refs)
                 task.add_done_callback(self._forwarding.discard)
@@ -386,11 +388,28 @@ class ReplicaServer(ControllerServer):
             await asyncio.sleep(0)
 
     async def _forward(self, peer: bytes, tenant: str, message: Envelope) -> None:
-        reply = await self.ask(tenant, message)
+        reply = await self._ask_leader(tenant, message)  # admitted in _feed_loop
         self._execute([AnswerTenant(peer, reply)])
+
+    def _admitted(self, tenant: str) -> bool:
+        """Whether the tenant's request may go on to the leader: it spends the tenant's
+        request budget here first, so a flood stays at this replica's door instead of
+        filling the leader's queue, which agents' frames share (the leader spends the
+        budget again: over all replicas a tenant gets one budget)."""
+        assert self.core is not None
+        if self.core.feed.hub.admit(tenant, time.monotonic()):
+            return True
+        self.core.feed.stats["throttled_requests"] += 1
+        return False
 
     async def ask(self, tenant: str, request: Envelope) -> Reply:
         """The leader's answer to a tenant's request ("unavailable" while there is none)."""
+        if not self._admitted(tenant):
+            return Reply(request.seq, False, "over your request budget: retry in a second",
+                         ErrorCode.THROTTLED.value)
+        return await self._ask_leader(tenant, request)
+
+    async def _ask_leader(self, tenant: str, request: Envelope) -> Reply:
         payload = msgpack.packb({"tenant": tenant, "kind": request.kind, "seq": request.seq,
                                  "body": to_plain(request.body)})
         try:

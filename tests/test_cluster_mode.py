@@ -5,9 +5,11 @@ must reach tenants once, at the same numbers whichever replica serves them."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from harmonaize.testbed.natscluster import Clustered, read_lines, wait_for
-from tests.conftest import needs_root, python
+from harmonaize.testbed.natscluster import FEED_PORT, Clustered, read_lines, wait_for
+from tests.conftest import ROOT, needs_root, python
 
 pytestmark = [pytest.mark.cluster, needs_root]
 
@@ -209,3 +211,25 @@ def _other_leader(cluster: Clustered, old: str) -> str | None:
         if status and status["cluster"].get("leading"):
             return name
     return None
+
+
+def test_one_tenants_flood_is_throttled_at_its_replica_and_agents_go_on(
+        cluster: Clustered) -> None:
+    cluster.start_replica("r1")
+    cluster.leader()
+    place(cluster, 100, "a1")
+    record = cluster.start_agent("a1", job=JOB, count=60, rate=30)
+    creds = cluster.keyring.tenant("acme")
+    flood = cluster.lab.run("t1", [
+        sys.executable, str(ROOT / "tests" / "bin" / "flood_requests.py"),
+        f"tcp://{cluster.lab.addr('r1')}:{FEED_PORT}", str(creds.key),
+        str(creds.server_key), JOB, "2000"], timeout=60)
+    assert flood.returncode == 0, flood.stderr
+    answered = json.loads(flood.stdout)["answered"]
+    # The budget (100 saved up, 20 a second) lets about a hundred through; the rest are
+    # dropped at the replica's door, never reaching the leader's queue.
+    assert 0 < answered <= 300, answered
+    status = cluster.replicas["r1"].request("status")
+    assert status["feed_stats"]["throttled_requests"] >= 2000 - 300
+    # The agent was not held up: every advisory acknowledged, and promptly.
+    wait_for(lambda: len(acked(record)) >= 60, 30, "the agent's advisories")
