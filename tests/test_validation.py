@@ -210,7 +210,9 @@ def test_quarantine_survives_a_restart_and_release_validates_first(
     agent.request("release", {"gpu": 7})
     (run,) = wait(lambda: finished(agent), what="the release validation")
     assert run["trigger"] == "release" and run["outcome"] == "fail"
-    assert gpu_state(agent, 7) == "quarantined"
+    # The runner records the verdict from its thread, then hands it to the loop: the
+    # state follows the history a moment later.
+    assert wait(lambda: gpu_state(agent, 7) == "quarantined", what="quarantined again")
     (control / "behaviour.7").write_text("print metric gflops 100\n")
     agent.request("release", {"gpu": 7})
     wait(lambda: finished(agent, 2), what="the second release validation")
