@@ -453,6 +453,9 @@ class TuningSection:
     htb_link_classes: Annotated[tuple[Ident, ...], Len(16)] = ("data",)
     #: Share of a shaped link the collectives keep however large the bulk floors.
     collective_share: Annotated[float, Num(0.01, 1.0)] = 0.1
+    #: Share of a shaped link one job's bulk floor may keep at most, whatever it declares
+    #: (the floors also share what the collectives leave max-min fairly).
+    bulk_floor_max_share: Annotated[float, Num(0.001, 1.0)] = 0.5
     #: NCCL_IB_TC recommended for the next launch (the fabric's class for
     #: collectives); -1: none.
     ib_traffic_class: Annotated[int, Num(-1, 255)] = -1

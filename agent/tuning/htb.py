@@ -37,7 +37,7 @@ import contextlib
 import errno
 import logging
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,29 +119,46 @@ def assign_minors(jobs: Iterable[str], previous: Mapping[str, int]) -> dict[str,
     return out
 
 
+def fair_floors(declared: Sequence[int], room: int, cap: int) -> list[int]:
+    """Each job's floor (kbit/s) within ``room``: max-min fair, never above ``cap`` nor
+    what it declared. Every job keeps at least min(declared, cap, room / jobs), whatever
+    the others declare: a huge floor takes only what the others leave."""
+    wanted = [min(d, cap) for d in declared]
+    out = [0] * len(wanted)
+    left = room
+    for done, i in enumerate(sorted(range(len(wanted)), key=lambda i: wanted[i])):
+        share = left // (len(wanted) - done)
+        out[i] = min(wanted[i], share)
+        left -= out[i]
+    return out
+
+
 def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
-         minors: Mapping[str, int], *, collective_share: float = 0.1) -> Plan:
+         minors: Mapping[str, int], *, collective_share: float = 0.1,
+         max_floor_share: float = 1.0, previous: Plan | None = None) -> Plan:
     """Classes per link, and the classifier's maps; pure.
 
-    ``links`` are (name, speed in Mb/s or None). Floors that do not fit in
-    ``1 - collective_share`` of a link are scaled down together (and noted).
+    ``links`` are (name, speed in Mb/s or None). The collectives keep
+    ``collective_share`` of a link; the bulk floors share the rest max-min fairly, each
+    at most ``max_floor_share`` of the link (the operator's bound on one job), so no
+    job's declaration lowers another's floor below its fair share (cuts are noted).
+
+    A port or DSCP value belongs to the job that claimed it first: the one holding it in
+    ``previous``, else the first in ``jobs`` (the caller passes them in the order they
+    were declared); a later job's claim of it is refused, and noted.
     """
     notes: list[str] = []
-    jobs = sorted((j for j in jobs if j.job in minors), key=lambda j: j.job)
+    order = [j for j in jobs if j.job in minors]
+    jobs = sorted(order, key=lambda j: j.job)
     if not jobs:
         return Plan()
-    ports: dict[int, int] = {}
-    dscp: dict[int, int] = {}
-    for job in jobs:
-        classid = ROOT | minors[job.job]
-        for port in job.ports:
-            if ports.setdefault(port, classid) != classid:
-                notes.append(f"port {port}: declared by more than one job; the first "
-                             "(by name) has it")
-        for value in job.dscp:
-            if dscp.setdefault(value, classid) != classid:
-                notes.append(f"DSCP {value}: declared by more than one job; the first "
-                             "(by name) has it")
+    job_of = {ROOT | minor: job for job, minor in minors.items()}
+    ports = _claims(order, minors, "port", lambda j: j.ports,
+                    {p: job_of.get(c, "") for p, c in previous.ports} if previous else {},
+                    notes=notes)
+    dscp = _claims(order, minors, "DSCP", lambda j: j.dscp,
+                   {d: job_of.get(c, "") for d, c in previous.dscp} if previous else {},
+                   notes=notes)
     if not links:
         notes.append("no observed link of the shaped classes (observers.links, "
                      "tuning.htb_link_classes): nothing shaped")
@@ -151,14 +168,18 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
             notes.append(f"{name}: link speed unknown (set observers.links.speeds): not shaped")
             continue
         link_kbit = speed * 1000
-        floors = [max(MIN_RATE_KBIT, round(job.floor_mbps * 1000)) for job in jobs]
-        room = int(link_kbit * (1.0 - collective_share))
-        scaled = sum(floors) > room
-        if scaled:
-            factor = room / sum(floors)
-            floors = [max(MIN_RATE_KBIT, int(f * factor)) for f in floors]
-            notes.append(f"{name}: bulk floors exceed {1 - collective_share:.0%} of "
-                         f"{speed} Mb/s: scaled down by {factor:.2f}")
+        declared = [max(MIN_RATE_KBIT, round(min(job.floor_mbps, speed) * 1000))
+                    for job in jobs]
+        room = max(MIN_RATE_KBIT * len(jobs), int(link_kbit * (1.0 - collective_share)))
+        cap = max(MIN_RATE_KBIT, int(link_kbit * max_floor_share))
+        floors = [max(MIN_RATE_KBIT, f) for f in fair_floors(declared, room, cap)]
+        scaled = floors != declared
+        for job, want, got in zip(jobs, declared, floors, strict=True):
+            if got < want:
+                notes.append(f"{name}: job {job.job}'s bulk floor {want / 1000:g} Mb/s cut "
+                             f"to {got / 1000:g} Mb/s (its fair share of the "
+                             f"{room / 1000:g} Mb/s left to bulk, at most "
+                             f"{max_floor_share:.0%} of the link)")
         classes = [
             ClassPlan(ROOT_CLASS, link_kbit, link_kbit, 0, "link"),
             ClassPlan(DEFAULT_CLASS, max(MIN_RATE_KBIT, link_kbit - sum(floors)), link_kbit, 0,
@@ -169,6 +190,22 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
         planned.append(LinkPlan(name, speed, tuple(classes), scaled))
     return Plan(tuple(planned), tuple(sorted(ports.items())), tuple(sorted(dscp.items())),
                 tuple(notes))
+
+
+def _claims(order: Sequence[BulkJob], minors: Mapping[str, int], what: str,
+            values: Callable[[BulkJob], Iterable[int]], held: Mapping[int, str], *,
+            notes: list[str]) -> dict[int, int]:
+    """value -> class id: a value stays with the job that holds it while that job still
+    declares it; a new value goes to the first job (in ``order``) that claims it."""
+    declaring = {j.job: set(values(j)) for j in order}
+    owner = {v: job for v, job in held.items() if v in declaring.get(job, ())}
+    for job in order:
+        for value in sorted(declaring[job.job]):
+            first = owner.setdefault(value, job.job)
+            if first != job.job:
+                notes.append(f"{what} {value}: job {job.job}'s claim refused: job {first} "
+                             "declared it first (a job classifies only its own traffic)")
+    return {v: ROOT | minors[job] for v, job in owner.items()}
 
 
 def handle_str(handle: int) -> str:
@@ -257,10 +294,19 @@ class HtbShaper:
 
     # --- applying a plan ---------------------------------------------------------------
 
+    @property
+    def planned(self) -> Plan | None:
+        """The plan applied last (who holds which port and DSCP value)."""
+        return self._plan
+
     def apply(self, new: Plan, l2_lens: Mapping[str, int] | None = None) -> None:
         """Make the kernel match ``new`` (a no-op when it already does)."""
         if new == self._plan:
             return
+        said = set(self._plan.notes) if self._plan else set()
+        for note in new.notes:
+            if note not in said:  # one line each, when it first holds
+                log.warning("traffic classes: %s", note)
         wanted = {link.name: link for link in new.links}
         for name in list(self._links):
             if name not in wanted:

@@ -358,8 +358,10 @@ class TuningService:
     # --- traffic classes ------------------------------------------------------------
 
     def bulk_jobs(self) -> list[BulkJob]:
+        """In the order the jobs were declared: a port or DSCP value two jobs claim is the
+        first one's (htb.plan)."""
         out = []
-        for name, job in sorted(self.loop.jobs.items()):
+        for name, job in self.loop.jobs.items():
             bulk = job.declaration.bulk
             if bulk is not None and not job.retiring and (bulk.ports or bulk.dscp):
                 out.append(BulkJob(name, bulk.floor_mbps, bulk.ports, bulk.dscp))
@@ -381,7 +383,9 @@ class TuningService:
                 self._l2.update({n: d.l2_len for n, d in devices.items()})
         try:
             self.shaper.apply(plan(jobs, links, self._minors,
-                                   collective_share=self.cfg.collective_share), self._l2)
+                                   collective_share=self.cfg.collective_share,
+                                   max_floor_share=self.cfg.bulk_floor_max_share,
+                                   previous=self.shaper.planned), self._l2)
         except Exception as exc:
             self._fail(f"traffic classes: {exc}")
             return
