@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from agent.tuning.htb import (
     DEFAULT_CLASS,
+    DSCP_FLAG,
     MIN_RATE_KBIT,
     ROOT,
     ROOT_CLASS,
@@ -29,28 +30,48 @@ def test_classes_for_two_jobs_on_a_known_link() -> None:
                      DEFAULT_CLASS: (650_000, 1_000_000, 0),
                      ROOT | minors["a"]: (100_000, 1_000_000, 1),
                      ROOT | minors["b"]: (250_000, 1_000_000, 1)}
-    assert dict(result.ports) == {9000: ROOT | minors["a"]}
-    assert dict(result.dscp) == {10: ROOT | minors["b"], 12: ROOT | minors["b"]}
+    assert result.ports() == {9000: ROOT | minors["a"]}
+    assert result.dscp() == {10: ROOT | minors["b"], 12: ROOT | minors["b"]}
+    assert {uid for uid, _, _ in result.flows} == {0}  # root's sockets: no group given
     assert any("eth1: link speed unknown" in note for note in result.notes)
 
 
 @pytest.mark.hardening
 def test_item4_a_port_two_jobs_claim_stays_with_the_first_to_declare_it() -> None:
-    # Not the first by name ("a"): the first declared ("b"), and it keeps it after.
+    # Two jobs of one user: not the first by name ("a"), the first declared ("b"), and
+    # it keeps it after.
     jobs = [BulkJob("b", 1.0, (9000,), (10,)), BulkJob("a", 1.0, (9000, 9001), (10,))]
     minors = assign_minors(["a", "b"], {})
     result = plan(jobs, [("eth0", 100)], minors)
-    assert dict(result.ports) == {9000: ROOT | minors["b"], 9001: ROOT | minors["a"]}
-    assert dict(result.dscp) == {10: ROOT | minors["b"]}
+    assert result.ports() == {9000: ROOT | minors["b"], 9001: ROOT | minors["a"]}
+    assert result.dscp() == {10: ROOT | minors["b"]}
     assert "port 9000: job a's claim refused: job b declared it first" in " ".join(
         result.notes)
     # Held across plans, whatever order the jobs come in later.
     again = plan(list(reversed(jobs)), [("eth0", 100)], minors, previous=result)
-    assert again.ports == result.ports and again.dscp == result.dscp
+    assert again.flows == result.flows
     # Once b stops declaring it, the next claimant gets it.
     freed = plan([BulkJob("b", 1.0, ()), jobs[1]], [("eth0", 100)], minors,
                  previous=again)
-    assert dict(freed.ports) == {9000: ROOT | minors["a"], 9001: ROOT | minors["a"]}
+    assert freed.ports() == {9000: ROOT | minors["a"], 9001: ROOT | minors["a"]}
+
+
+@pytest.mark.hardening
+def test_item4_a_job_classifies_only_its_own_users_sockets() -> None:
+    # Tenant users 1001 (the victim's group) and 2002 (the hostile job's): the hostile
+    # job names the victim's port and DSCP 0 (everyone's), first.
+    hostile = BulkJob("hostile", 10_000_000.0, (5202,), (0,), uids=(2002,))
+    victim = BulkJob("victim", 10.0, (5202,), uids=(1001,))
+    minors = assign_minors(["victim", "hostile"], {})
+    result = plan([hostile, victim], [("eth0", 40)], minors)
+    assert set(result.flows) == {(2002, 5202, ROOT | minors["hostile"]),
+                                 (2002, DSCP_FLAG | 0, ROOT | minors["hostile"]),
+                                 (1001, 5202, ROOT | minors["victim"])}
+    assert not any("refused" in note for note in result.notes)  # nobody contends
+    # A group unknown on the host: nothing of the job is classified, and it is said.
+    unknown = plan([BulkJob("lost", 1.0, (80,), uids=())], [("eth0", 40)],
+                   assign_minors(["lost"], {}))
+    assert unknown.flows == () and "no user of its group is known here" in unknown.notes[0]
 
 
 @pytest.mark.hardening

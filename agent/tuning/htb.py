@@ -37,7 +37,7 @@ import contextlib
 import errno
 import logging
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,9 @@ class BulkJob:
     floor_mbps: float
     ports: tuple[int, ...] = ()
     dscp: tuple[int, ...] = ()
+    #: The users whose sockets are the job's (its Unix group's; root's without one): only
+    #: their packets are classified, so a job classifies only its own traffic.
+    uids: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,23 @@ class LinkPlan:
     scaled: bool = False
 
 
+#: A flow key's ``what`` for a DSCP value (else a TCP port), as in bulk_classify.c.
+DSCP_FLAG = 0x10000
+
+
 @dataclass(frozen=True)
 class Plan:
     links: tuple[LinkPlan, ...] = ()
-    ports: tuple[tuple[int, int], ...] = ()  # (port, classid)
-    dscp: tuple[tuple[int, int], ...] = ()  # (dscp, classid)
+    #: (socket uid, TCP port or DSCP_FLAG | DSCP, classid): the classifier's map.
+    flows: tuple[tuple[int, int, int], ...] = ()
     notes: tuple[str, ...] = ()
+
+    def ports(self) -> dict[int, int]:
+        """Port -> class id, over every user (for display and tests)."""
+        return {what: c for _, what, c in self.flows if not what & DSCP_FLAG}
+
+    def dscp(self) -> dict[int, int]:
+        return {what & ~DSCP_FLAG: c for _, what, c in self.flows if what & DSCP_FLAG}
 
 
 def assign_minors(jobs: Iterable[str], previous: Mapping[str, int]) -> dict[str, int]:
@@ -143,9 +157,11 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
     at most ``max_floor_share`` of the link (the operator's bound on one job), so no
     job's declaration lowers another's floor below its fair share (cuts are noted).
 
-    A port or DSCP value belongs to the job that claimed it first: the one holding it in
+    A job's ports and DSCP values classify only its own users' sockets (``uids``), so
+    jobs of different users never contend for one. Where two jobs of the same user
+    claim one, it belongs to the job that claimed it first: the one holding it in
     ``previous``, else the first in ``jobs`` (the caller passes them in the order they
-    were declared); a later job's claim of it is refused, and noted.
+    were declared); the later claim is refused, and noted.
     """
     notes: list[str] = []
     order = [j for j in jobs if j.job in minors]
@@ -153,12 +169,13 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
     if not jobs:
         return Plan()
     job_of = {ROOT | minor: job for job, minor in minors.items()}
-    ports = _claims(order, minors, "port", lambda j: j.ports,
-                    {p: job_of.get(c, "") for p, c in previous.ports} if previous else {},
-                    notes=notes)
-    dscp = _claims(order, minors, "DSCP", lambda j: j.dscp,
-                   {d: job_of.get(c, "") for d, c in previous.dscp} if previous else {},
-                   notes=notes)
+    held = {(uid, what): job_of.get(c, "") for uid, what, c in previous.flows} \
+        if previous else {}
+    flows = _claims(order, minors, held, notes=notes)
+    for job in order:
+        if not job.uids:
+            notes.append(f"job {job.job}: no user of its group is known here: its bulk "
+                         "traffic is not classified")
     if not links:
         notes.append("no observed link of the shaped classes (observers.links, "
                      "tuning.htb_link_classes): nothing shaped")
@@ -188,24 +205,29 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
               for job, floor in zip(jobs, floors, strict=True)),
         ]
         planned.append(LinkPlan(name, speed, tuple(classes), scaled))
-    return Plan(tuple(planned), tuple(sorted(ports.items())), tuple(sorted(dscp.items())),
-                tuple(notes))
+    return Plan(tuple(planned), tuple(sorted((uid, what, c) for (uid, what), c in
+                                             flows.items())), tuple(notes))
 
 
-def _claims(order: Sequence[BulkJob], minors: Mapping[str, int], what: str,
-            values: Callable[[BulkJob], Iterable[int]], held: Mapping[int, str], *,
-            notes: list[str]) -> dict[int, int]:
-    """value -> class id: a value stays with the job that holds it while that job still
-    declares it; a new value goes to the first job (in ``order``) that claims it."""
-    declaring = {j.job: set(values(j)) for j in order}
-    owner = {v: job for v, job in held.items() if v in declaring.get(job, ())}
+def _claims(order: Sequence[BulkJob], minors: Mapping[str, int],
+            held: Mapping[tuple[int, int], str], *,
+            notes: list[str]) -> dict[tuple[int, int], int]:
+    """(uid, port or DSCP) -> class id: a key stays with the job that holds it while that
+    job still declares it; a new key goes to the first job (in ``order``) claiming it."""
+    declaring = {j.job: {(uid, what) for uid in j.uids for what in
+                         (*j.ports, *(DSCP_FLAG | d for d in j.dscp))} for j in order}
+    owner = {key: job for key, job in held.items() if key in declaring.get(job, ())}
+    refused: set[tuple[int, str, str]] = set()
     for job in order:
-        for value in sorted(declaring[job.job]):
-            first = owner.setdefault(value, job.job)
+        for key in sorted(declaring[job.job]):
+            first = owner.setdefault(key, job.job)
             if first != job.job:
-                notes.append(f"{what} {value}: job {job.job}'s claim refused: job {first} "
-                             "declared it first (a job classifies only its own traffic)")
-    return {v: ROOT | minors[job] for v, job in owner.items()}
+                refused.add((key[1], job.job, first))
+    for what, job, first in sorted(refused):
+        name = f"DSCP {what & ~DSCP_FLAG}" if what & DSCP_FLAG else f"port {what}"
+        notes.append(f"{name}: job {job}'s claim refused: job {first} declared it first "
+                     "(a job classifies only its own traffic)")
+    return {key: ROOT | minors[job] for key, job in owner.items()}
 
 
 def handle_str(handle: int) -> str:
@@ -228,8 +250,7 @@ class HtbShaper:
         self._tc: Tc | None = None
         self._loaded: Loaded | None = None
         self._links: dict[str, _Link] = {}
-        self._ports: dict[int, int] = {}
-        self._dscp: dict[int, int] = {}
+        self._flows: dict[tuple[int, int], int] = {}
         self._leaf_ok = True
         self._plan: Plan | None = None
         #: Per link: "shaped", or why not.
@@ -416,15 +437,14 @@ class HtbShaper:
 
     def _write_maps(self, new: Plan) -> None:
         assert self._loaded is not None
-        for name, current, wanted in (("hz_bulk_ports", self._ports, dict(new.ports)),
-                                      ("hz_bulk_dscp", self._dscp, dict(new.dscp))):
-            bpf_map = self._loaded.maps[name]
-            for key in set(current) | set(wanted):
-                value = wanted.get(key, 0)
-                if current.get(key, 0) != value:
-                    bpf_map.update(struct.pack("<I", key), struct.pack("<I", value))
-            current.clear()
-            current.update(wanted)
+        flows = self._loaded.maps["hz_bulk_flows"]
+        wanted = {(uid, what): c for uid, what, c in new.flows}
+        for key in set(self._flows) - set(wanted):
+            flows.delete(struct.pack("<II", *key))
+        for key, classid in wanted.items():
+            if self._flows.get(key) != classid:
+                flows.update(struct.pack("<II", *key), struct.pack("<I", classid))
+        self._flows = wanted
 
     def _delete_root(self, ifindex: int) -> None:
         with contextlib.suppress(NetlinkError):
