@@ -151,15 +151,18 @@ def test_item12_without_cgroups_the_environment_counts_only_with_the_jobs_group(
     name, gid = unix_group
     fake, env = fake_gpus(workdir)
     agent = start_agent(spawn, workdir, "g1", env=env, links=NO_LINKS + gpu_section())
-    # The job's group on this host comes from its placement, with its declaration.
-    agent.request("declare", {"declaration": {"job": "job-b", "revision": 1,
-                                              "group": name}})
     impostor = rank_process(spawn, "job-b", "66")
     genuine = rank_process(spawn, "job-b", "7", groups=[gid])
     fake.set(2, processes={impostor.pid: 1 << 30})
     fake.set(4, processes={genuine.pid: 1 << 30})
+    # Before the job's group is known here, neither counts for it.
+    wait_until(lambda: refused(agent) == 2, what="both claims refused for now")
+    assert jobs_on(agent, 2) == [] and jobs_on(agent, 4) == []
+    assert "the job's group on this host is not known" in agent.log.read_text()
+    # The job's group on this host comes from its placement, with its declaration.
+    agent.request("declare", {"declaration": {"job": "job-b", "revision": 1,
+                                              "group": name}})
     wait_until(lambda: jobs_on(agent, 4) == [{"job": "job-b", "rank": "7"}],
                what="the genuine rank counted for job-b")
-    assert jobs_on(agent, 2) == []
-    wait_until(lambda: refused(agent) == 1, what="the impostor counted as refused")
-    assert f"but it is not in the job's group ({name})" in agent.log.read_text()
+    assert jobs_on(agent, 2) == []  # still refused: it does not hold the group
+    assert refused(agent) == 2  # each process counted once, however many looks
