@@ -282,9 +282,11 @@ class GpuObserverSection:
     #: wait at once; this only bounds how long stopping takes).
     event_wait: Annotated[float, Num(0.01, 60.0)] = 1.0
     procfs_root: AbsPath = "/proc"
-    #: Environment variable the provider's scheduler sets to a process's job id.
+    #: Environment variable the provider's scheduler sets to a process's job id: a hint
+    #: only, which the process's cgroup or its holding the job's Unix group must back.
     job_env: EnvName = "HARMONAIZE_JOB"
-    #: Else a regular expression with a group named "job" over the process's cgroup path.
+    #: A regular expression with a group named "job" over the process's cgroup path (e.g.
+    #: Slurm's "/job_(?P<job>[0-9]+)(/|$)"): where it matches, the cgroup names the job.
     job_cgroup_pattern: Annotated[str, Str(max_len=512)] = ""
     #: Launcher variables that name a process's rank, in the tenant's terms.
     rank_env: Annotated[tuple[EnvName, ...], Len(16)] = (
@@ -451,6 +453,9 @@ class TuningSection:
     htb_link_classes: Annotated[tuple[Ident, ...], Len(16)] = ("data",)
     #: Share of a shaped link the collectives keep however large the bulk floors.
     collective_share: Annotated[float, Num(0.01, 1.0)] = 0.1
+    #: Share of a shaped link one job's bulk floor may keep at most, whatever it declares
+    #: (the floors also share what the collectives leave max-min fairly).
+    bulk_floor_max_share: Annotated[float, Num(0.001, 1.0)] = 0.5
     #: NCCL_IB_TC recommended for the next launch (the fabric's class for
     #: collectives); -1: none.
     ib_traffic_class: Annotated[int, Num(-1, 255)] = -1

@@ -87,6 +87,7 @@ class AgentDaemon:
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.observers = ObserverSet.from_config(cfg, wake=self._wake)
+        self._bind_job_groups()
         self.health = HostHealthEngine(cfg.observers)
         self.republisher = Republisher(cfg.controller.summary_refresh)
         self.summary: HostSummary | None = None
@@ -314,6 +315,7 @@ class AgentDaemon:
             log.info("restarting the observers: %s changed", ", ".join(io))
             self.observers.stop_all()
             self.observers = ObserverSet.from_config(new, wake=self._wake)
+            self._bind_job_groups()
             self.observers.start_all()
         if live or io:
             self.health.configure(new.observers)
@@ -334,6 +336,17 @@ class AgentDaemon:
         return None
 
     # --- the sampling loop ---------------------------------------------------------------
+
+    def _bind_job_groups(self) -> None:
+        """The GPU observer backs a process's HARMONAIZE_JOB with the job's Unix group
+        from its placement, which comes with the job's declaration."""
+        resolver = getattr(self.observers.get("gpu"), "resolver", None)
+        if resolver is not None:
+            resolver.group_of = self._job_group
+
+    def _job_group(self, job: str) -> str | None:
+        declaration = self.declarations.jobs.get(job)
+        return declaration.group or None if declaration is not None else None
 
     def _wake(self) -> None:
         """An observer saw something (on any thread): step now, not at the next tick."""

@@ -9,11 +9,15 @@
 // fall into HTB's default class, where the collectives are.
 //
 // Bulk is recognised by DSCP (IPv4 TOS / IPv6 traffic class) or by the remote
-// TCP port: on egress, the destination port. Returns TC_ACT_UNSPEC: it never
-// changes a verdict, and later filters on the hook still run.
+// TCP port (on egress, the destination port), together with the user the
+// kernel says owns the packet's socket: a job's declaration only classifies
+// packets of its own users' sockets (the users of the job's Unix group), so a
+// tenant naming another tenant's port or DSCP value captures none of its
+// traffic. A packet with no local socket (forwarded) matches no job. Returns
+// TC_ACT_UNSPEC: it never changes a verdict, and later filters still run.
 //
 // Built against UAPI headers only. Parameters through maps the agent fills:
-// per interface its header length, DSCP -> class id, port -> class id (0: none).
+// per interface its header length; (socket uid, port or DSCP) -> class id.
 
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -27,9 +31,15 @@ struct hz_bulk_if {
     u32 l2_len;   // bytes before the IP header: 14 on Ethernet, 0 on raw IP links
 };
 
+// A flow's key: the socket's owner, and a TCP port or HZ_DSCP | a DSCP value.
+#define HZ_DSCP 0x10000
+struct hz_bulk_flow {
+    u32 uid;
+    u32 what;
+};
+
 BPF_ARRAY(hz_bulk_ifs, struct hz_bulk_if, HZ_IF_TABLE);
-BPF_ARRAY(hz_bulk_dscp, u32, 64);
-BPF_ARRAY(hz_bulk_ports, u32, 65536);
+BPF_HASH(hz_bulk_flows, struct hz_bulk_flow, u32, 65536);
 // Packets put into a bulk class, for operators and tests.
 BPF_PERCPU_ARRAY(hz_bulk_marked, u64, 1);
 
@@ -69,7 +79,9 @@ int hz_bulk_egress(struct __sk_buff *skb) {
     } else {
         return TC_ACT_UNSPEC;
     }
-    u32 *by_dscp = hz_bulk_dscp.lookup(&dscp);
+    // The kernel's owner of the socket (the overflow uid when there is none).
+    struct hz_bulk_flow flow = {.uid = bpf_get_socket_uid(skb), .what = HZ_DSCP | dscp};
+    u32 *by_dscp = hz_bulk_flows.lookup(&flow);
     if (by_dscp && hz_mark(skb, *by_dscp))
         return TC_ACT_UNSPEC;
     if (proto != 6)
@@ -77,8 +89,8 @@ int hz_bulk_egress(struct __sk_buff *skb) {
     u8 ports[4];
     if (bpf_skb_load_bytes(skb, l4, ports, 4) != 0)
         return TC_ACT_UNSPEC;
-    u32 dport = ((u32)ports[2] << 8) | ports[3];
-    u32 *by_port = hz_bulk_ports.lookup(&dport);
+    flow.what = ((u32)ports[2] << 8) | ports[3];
+    u32 *by_port = hz_bulk_flows.lookup(&flow);
     if (by_port)
         hz_mark(skb, *by_port);
     return TC_ACT_UNSPEC;

@@ -33,7 +33,11 @@ waits, refused a copy, or disagrees.
 Detection: every host's switch records of a communicator are compared
 (:func:`harmonaize.switches.disagreement`); a disagreement marks the job
 ``diverged`` (sticky while the communicator lives), waiting ranks mark it
-``paused``.
+``paused``. Ranks can wait only on a host that may have armed, so no change is armed
+while a host of the job is unreachable (the shell says which are reachable at each
+:meth:`step`): its report stays fresh for ``report_ttl`` after it fell silent, and an
+arm sent then would be cancelled after ``arm_timeout`` while its tenant is told
+``paused`` until that host comes back, though no rank ever waited.
 
 Pure: time is a parameter and nothing here does I/O; the controller stores
 :meth:`snapshot` before sending what :meth:`step` returns.
@@ -47,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
@@ -154,6 +158,8 @@ class Agreement:
         self._gone: set[str] = set()
         #: Changes armed, confirmed and cancelled (for metrics).
         self.counters: Counter[str] = Counter()
+        #: The hosts reachable at this step (None: every host).
+        self._reachable: Container[str] | None = None
 
     def _job(self, name: str) -> _Job:
         job = self._jobs.get(name)
@@ -290,8 +296,12 @@ class Agreement:
 
     # --- outputs -----------------------------------------------------------------------
 
-    def step(self, now: float) -> list[tuple[str, Message]]:
-        """Messages to send now: (host, message)."""
+    def step(self, now: float,
+             reachable: Container[str] | None = None) -> list[tuple[str, Message]]:
+        """Messages to send now: (host, message). ``reachable``: the hosts heard from
+        recently enough to get an arm now; None: every host. Arms, never outcomes, wait
+        for every host of the job to be reachable (an outcome is always resent)."""
+        self._reachable = reachable
         out: list[tuple[str, Message]] = []
         for name in sorted(self._jobs):
             job = self._jobs[name]
@@ -489,6 +499,11 @@ class Agreement:
         if silent:
             job.waiting = f"no recent report from host {silent[0]}"
             return []
+        if self._reachable is not None:
+            unreachable = sorted(h for h in hosts if h not in self._reachable)
+            if unreachable:
+                job.waiting = f"host {unreachable[0]} is unreachable"
+                return []
         prints = {r.report.fingerprint for r in fresh.values()}
         if len(prints) > 1:
             job.waiting = "hosts derived different rules (declaration revisions differ)"

@@ -96,6 +96,8 @@ REJECT_LOG_BURST = 10
 REJECT_LOG_WINDOW = 10.0
 #: Seconds between prunings of old host events and of the feed log beyond its retention.
 FEED_PRUNE_INTERVAL = 60.0
+#: A host silent for longer than this many of its heartbeat intervals gets no new arm.
+ARM_QUIET = 2.0
 
 
 class ControllerCore:
@@ -344,6 +346,14 @@ class ControllerCore:
                                    body.not_before, body.pause_seconds))
         return None
 
+    def _reachable(self, now: float) -> set[str]:
+        """Hosts an arm can reach now: up, and heard from within ``ARM_QUIET`` of their
+        heartbeat intervals. A host already silent may never get the arm: it would arm
+        nothing while its job's tenant is told ``paused``, so no change is armed then."""
+        return {host.host_id for host in self.cluster.hosts.values()
+                if host.alive and host.host_id in self.cluster.conn_of
+                and now - host.last_seen <= ARM_QUIET * host.heartbeat}
+
     def _agree(self, now: float) -> None:
         """Reports and acknowledgements from the job's own hosts in; arms and resolves
         out, each stored (in the Commit before them) so a restart resends or cancels it."""
@@ -362,7 +372,7 @@ class ControllerCore:
         hellos, self.cluster.hellos = self.cluster.hellos, []
         for host_id in hellos:
             self.agreement.reconnected(host_id)
-        outgoing = self.agreement.step(now)
+        outgoing = self.agreement.step(now, self._reachable(now))
         self._stepped_at = now
         dirty, gone = self.agreement.take_dirty()
         self._tuning.update({job: self.agreement.snapshot(job) for job in dirty})

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from harmonaize import wireaudit
 from harmonaize.testbed.netns import Lab
@@ -24,6 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+# Property tests draw the same examples on every machine and run under CI and
+# ./scripts/test: a failure found once is found again (and kept as an @example), and a
+# green run on one machine is green on a fresh one. No examples database (it would make
+# a run depend on what an earlier run on that machine found), and a failure prints the
+# blob that reproduces it. No deadline: the suite never asserts wall-clock time.
+# HYPOTHESIS_PROFILE=explore draws new examples (and keeps failures in .hypothesis/).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True,
+                          deadline=None)
+settings.register_profile("explore", derandomize=False, print_blob=True, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
+                      or ("ci" if os.environ.get("CI") else "default"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

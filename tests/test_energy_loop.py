@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.config import EnergySection
@@ -247,6 +247,29 @@ def test_progress_of_the_stats_slots_per_gpu() -> None:
     assert got[0].key != progress_of([slot(20, 1, 50)], {20: 0})[0].key
 
 
+@pytest.mark.hardening
+def test_item14_a_redeclaration_or_a_new_job_does_not_reset_a_gpus_rate_limit() -> None:
+    p = Plant([PlantGpu(0, ignores=True), PlantGpu(1)], {"job-1": EnergyAllowance(0.5)})
+    loop = EnergyLoop(EnergySection(settle=1, window=2, hold=0, rebaseline=0,
+                                    max_changes_per_minute=1))
+    p.run(loop, 10, dt=0.5)
+    first = {t for t, a, _, _ in p.log if not a.restore}
+    assert len(first) == 1  # both GPUs lowered in one change (GPU 0 then ignores it)
+    start = first.pop()
+    p.jobs["job-1"] = EnergyAllowance(0.0)  # withdrawn: every GPU back to its own limit
+    p.run(loop, 2, dt=0.5)
+    p.jobs["job-1"] = EnergyAllowance(0.5)  # declared again
+    p.gpus[1].job = "job-2"  # and GPU 1 now runs another job that allows a slowdown
+    p.jobs["job-2"] = EnergyAllowance(0.5)
+    p.run(loop, 40, dt=0.5)
+    lowered = {(a.uuid, t) for t, a, _, _ in p.log if not a.restore}
+    # Nothing lowered again inside the minute after the first lowering, on either GPU.
+    assert all(t >= start + 60 or t == start for _, t in lowered), sorted(lowered)
+    p.run(loop, 40, dt=0.5)
+    assert any(t >= start + 60 for _, t in {(a.uuid, t) for t, a, _, _ in p.log
+                                               if not a.restore})
+
+
 # --- the bounds, as a property -------------------------------------------------------
 
 GPU = st.builds(
@@ -274,6 +297,13 @@ EVENTS = st.lists(st.tuples(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Found on a fresh machine (issue 28, item 14): a GPU that ignores its limit is lowered,
+# noticed and restored; the tenant declares slack 0, then 0.5, and it was lowered again
+# within the same minute with max_changes_per_minute = 1.
+@example(gpus=[PlantGpu(0, ignores=True)],
+         cfg=EnergySection(settle=1, window=2, hold=0, rebaseline=0, max_changes_per_minute=1),
+         events=[(10, "run", 0.0, 0.0), (2, "declare", 0.0, 0.0), (10, "declare", 0.5, 0.0)],
+         slack=0.5, floor=0.0)
 @given(st.lists(GPU, min_size=1, max_size=4), CONFIG, EVENTS, st.floats(0.0, 0.5),
        st.floats(0, 600))
 def test_no_limit_ever_leaves_the_declared_and_operator_ranges(gpus, cfg, events, slack,

@@ -240,6 +240,10 @@ class EnergyLoop:
         self.cfg = cfg
         self.gpus: dict[str, _Gpu] = {}
         self.jobs: dict[str, _Job] = {}
+        #: When each GPU was last lowered, by UUID. Kept here rather than in its _Gpu state,
+        #: which ends with a declaration withdrawn or a job leaving: the operator's rate
+        #: limit is about the hardware, so a tenant's re-declaration must not reset it.
+        self._lowered: dict[str, deque[float]] = {}
         self._last: float | None = None
         #: This step's progress and (SM clock, utilisation) per GPU.
         self._progress: dict[str, RankProgress] = {}
@@ -271,7 +275,8 @@ class EnergyLoop:
             if gpu.uuid not in self.gpus and allowance is not None \
                     and allowance.max_slowdown > 0:
                 self.gpus[gpu.uuid] = _Gpu(gpu.index, gpu.uuid, gpu.job or "",
-                                           why="reading its power range")
+                                           why="reading its power range",
+                                           lowered_at=self._lowered_at(gpu.uuid, now))
         for uuid, state in list(self.gpus.items()):
             actions += self._gpu(state, seen.get(uuid), obs.jobs.get(state.job), dt, now)
         for job in sorted({s.job for s in self.gpus.values()} | set(self.jobs)):
@@ -417,6 +422,15 @@ class EnergyLoop:
         action = SetLimit(state.index, state.uuid, limit_mw, state.original_mw, False, why)
         state.pending = action
         return action
+
+    def _lowered_at(self, uuid: str, now: float) -> deque[float]:
+        """The GPU's lowerings in the last minute, shared by every state it gets."""
+        for key, times in list(self._lowered.items()):
+            while times and now - times[0] >= MINUTE:
+                times.popleft()
+            if not times and key not in self.gpus:
+                del self._lowered[key]  # bounded: only GPUs lowered within the minute stay
+        return self._lowered.setdefault(uuid, deque())
 
     def _may_lower(self, state: _Gpu, now: float) -> float | None:
         """None if the GPU may be lowered now, else when it may."""

@@ -61,6 +61,8 @@ class GpuObserver(Observer):
                       + (f"; {watcher.error}" if watcher and watcher.error else ""),
             "gpu_class": self.gpu_class,
             "events_registered": dict(watcher.registered) if watcher else {},
+            # Processes whose HARMONAIZE_JOB their cgroup or groups do not back.
+            "job_claims_refused": self.resolver.refused,
         }
 
     def sample(self, now: float) -> GpuSample:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import platform
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 _NR_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine(), 321)
 BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_MAP_LOOKUP_BATCH = 24
 BPF_OBJ_GET_INFO_BY_FD = 15
@@ -156,6 +158,14 @@ class BpfMap:
         error = _bpf(BPF_MAP_UPDATE_ELEM, attr)
         if error:
             raise OSError(error, f"updating BPF map {self.name}: {os.strerror(error)}")
+
+    def delete(self, key: bytes) -> None:
+        """Remove a hash map's key (one that is not there is no error)."""
+        keybuf = ctypes.create_string_buffer(key, self.key_size)
+        attr = _ElemAttr(self.fd, 0, ctypes.addressof(keybuf), 0, 0)
+        error = _bpf(BPF_MAP_DELETE_ELEM, attr)
+        if error and error != errno.ENOENT:
+            raise OSError(error, f"deleting from BPF map {self.name}: {os.strerror(error)}")
 
     def keys(self, limit: int = 1 << 16) -> list[bytes]:
         out: list[bytes] = []

@@ -79,6 +79,9 @@ class BulkJob:
     floor_mbps: float
     ports: tuple[int, ...] = ()
     dscp: tuple[int, ...] = ()
+    #: The users whose sockets are the job's (its Unix group's; root's without one): only
+    #: their packets are classified, so a job classifies only its own traffic.
+    uids: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,23 @@ class LinkPlan:
     scaled: bool = False
 
 
+#: A flow key's ``what`` for a DSCP value (else a TCP port), as in bulk_classify.c.
+DSCP_FLAG = 0x10000
+
+
 @dataclass(frozen=True)
 class Plan:
     links: tuple[LinkPlan, ...] = ()
-    ports: tuple[tuple[int, int], ...] = ()  # (port, classid)
-    dscp: tuple[tuple[int, int], ...] = ()  # (dscp, classid)
+    #: (socket uid, TCP port or DSCP_FLAG | DSCP, classid): the classifier's map.
+    flows: tuple[tuple[int, int, int], ...] = ()
     notes: tuple[str, ...] = ()
+
+    def ports(self) -> dict[int, int]:
+        """Port -> class id, over every user (for display and tests)."""
+        return {what: c for _, what, c in self.flows if not what & DSCP_FLAG}
+
+    def dscp(self) -> dict[int, int]:
+        return {what & ~DSCP_FLAG: c for _, what, c in self.flows if what & DSCP_FLAG}
 
 
 def assign_minors(jobs: Iterable[str], previous: Mapping[str, int]) -> dict[str, int]:
@@ -119,29 +133,49 @@ def assign_minors(jobs: Iterable[str], previous: Mapping[str, int]) -> dict[str,
     return out
 
 
+def fair_floors(declared: Sequence[int], room: int, cap: int) -> list[int]:
+    """Each job's floor (kbit/s) within ``room``: max-min fair, never above ``cap`` nor
+    what it declared. Every job keeps at least min(declared, cap, room / jobs), whatever
+    the others declare: a huge floor takes only what the others leave."""
+    wanted = [min(d, cap) for d in declared]
+    out = [0] * len(wanted)
+    left = room
+    for done, i in enumerate(sorted(range(len(wanted)), key=lambda i: wanted[i])):
+        share = left // (len(wanted) - done)
+        out[i] = min(wanted[i], share)
+        left -= out[i]
+    return out
+
+
 def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
-         minors: Mapping[str, int], *, collective_share: float = 0.1) -> Plan:
+         minors: Mapping[str, int], *, collective_share: float = 0.1,
+         max_floor_share: float = 1.0, previous: Plan | None = None) -> Plan:
     """Classes per link, and the classifier's maps; pure.
 
-    ``links`` are (name, speed in Mb/s or None). Floors that do not fit in
-    ``1 - collective_share`` of a link are scaled down together (and noted).
+    ``links`` are (name, speed in Mb/s or None). The collectives keep
+    ``collective_share`` of a link; the bulk floors share the rest max-min fairly, each
+    at most ``max_floor_share`` of the link (the operator's bound on one job), so no
+    job's declaration lowers another's floor below its fair share (cuts are noted).
+
+    A job's ports and DSCP values classify only its own users' sockets (``uids``), so
+    jobs of different users never contend for one. Where two jobs of the same user
+    claim one, it belongs to the job that claimed it first: the one holding it in
+    ``previous``, else the first in ``jobs`` (the caller passes them in the order they
+    were declared); the later claim is refused, and noted.
     """
     notes: list[str] = []
-    jobs = sorted((j for j in jobs if j.job in minors), key=lambda j: j.job)
+    order = [j for j in jobs if j.job in minors]
+    jobs = sorted(order, key=lambda j: j.job)
     if not jobs:
         return Plan()
-    ports: dict[int, int] = {}
-    dscp: dict[int, int] = {}
-    for job in jobs:
-        classid = ROOT | minors[job.job]
-        for port in job.ports:
-            if ports.setdefault(port, classid) != classid:
-                notes.append(f"port {port}: declared by more than one job; the first "
-                             "(by name) has it")
-        for value in job.dscp:
-            if dscp.setdefault(value, classid) != classid:
-                notes.append(f"DSCP {value}: declared by more than one job; the first "
-                             "(by name) has it")
+    job_of = {ROOT | minor: job for job, minor in minors.items()}
+    held = {(uid, what): job_of.get(c, "") for uid, what, c in previous.flows} \
+        if previous else {}
+    flows = _claims(order, minors, held, notes=notes)
+    for job in order:
+        if not job.uids:
+            notes.append(f"job {job.job}: no user of its group is known here: its bulk "
+                         "traffic is not classified")
     if not links:
         notes.append("no observed link of the shaped classes (observers.links, "
                      "tuning.htb_link_classes): nothing shaped")
@@ -151,14 +185,18 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
             notes.append(f"{name}: link speed unknown (set observers.links.speeds): not shaped")
             continue
         link_kbit = speed * 1000
-        floors = [max(MIN_RATE_KBIT, round(job.floor_mbps * 1000)) for job in jobs]
-        room = int(link_kbit * (1.0 - collective_share))
-        scaled = sum(floors) > room
-        if scaled:
-            factor = room / sum(floors)
-            floors = [max(MIN_RATE_KBIT, int(f * factor)) for f in floors]
-            notes.append(f"{name}: bulk floors exceed {1 - collective_share:.0%} of "
-                         f"{speed} Mb/s: scaled down by {factor:.2f}")
+        declared = [max(MIN_RATE_KBIT, round(min(job.floor_mbps, speed) * 1000))
+                    for job in jobs]
+        room = max(MIN_RATE_KBIT * len(jobs), int(link_kbit * (1.0 - collective_share)))
+        cap = max(MIN_RATE_KBIT, int(link_kbit * max_floor_share))
+        floors = [max(MIN_RATE_KBIT, f) for f in fair_floors(declared, room, cap)]
+        scaled = floors != declared
+        for job, want, got in zip(jobs, declared, floors, strict=True):
+            if got < want:
+                notes.append(f"{name}: job {job.job}'s bulk floor {want / 1000:g} Mb/s cut "
+                             f"to {got / 1000:g} Mb/s (its fair share of the "
+                             f"{room / 1000:g} Mb/s left to bulk, at most "
+                             f"{max_floor_share:.0%} of the link)")
         classes = [
             ClassPlan(ROOT_CLASS, link_kbit, link_kbit, 0, "link"),
             ClassPlan(DEFAULT_CLASS, max(MIN_RATE_KBIT, link_kbit - sum(floors)), link_kbit, 0,
@@ -167,8 +205,29 @@ def plan(jobs: Sequence[BulkJob], links: Sequence[tuple[str, int | None]],
               for job, floor in zip(jobs, floors, strict=True)),
         ]
         planned.append(LinkPlan(name, speed, tuple(classes), scaled))
-    return Plan(tuple(planned), tuple(sorted(ports.items())), tuple(sorted(dscp.items())),
-                tuple(notes))
+    return Plan(tuple(planned), tuple(sorted((uid, what, c) for (uid, what), c in
+                                             flows.items())), tuple(notes))
+
+
+def _claims(order: Sequence[BulkJob], minors: Mapping[str, int],
+            held: Mapping[tuple[int, int], str], *,
+            notes: list[str]) -> dict[tuple[int, int], int]:
+    """(uid, port or DSCP) -> class id: a key stays with the job that holds it while that
+    job still declares it; a new key goes to the first job (in ``order``) claiming it."""
+    declaring = {j.job: {(uid, what) for uid in j.uids for what in
+                         (*j.ports, *(DSCP_FLAG | d for d in j.dscp))} for j in order}
+    owner = {key: job for key, job in held.items() if key in declaring.get(job, ())}
+    refused: set[tuple[int, str, str]] = set()
+    for job in order:
+        for key in sorted(declaring[job.job]):
+            first = owner.setdefault(key, job.job)
+            if first != job.job:
+                refused.add((key[1], job.job, first))
+    for what, job, first in sorted(refused):
+        name = f"DSCP {what & ~DSCP_FLAG}" if what & DSCP_FLAG else f"port {what}"
+        notes.append(f"{name}: job {job}'s claim refused: job {first} declared it first "
+                     "(a job classifies only its own traffic)")
+    return {key: ROOT | minors[job] for key, job in owner.items()}
 
 
 def handle_str(handle: int) -> str:
@@ -191,8 +250,7 @@ class HtbShaper:
         self._tc: Tc | None = None
         self._loaded: Loaded | None = None
         self._links: dict[str, _Link] = {}
-        self._ports: dict[int, int] = {}
-        self._dscp: dict[int, int] = {}
+        self._flows: dict[tuple[int, int], int] = {}
         self._leaf_ok = True
         self._plan: Plan | None = None
         #: Per link: "shaped", or why not.
@@ -257,10 +315,19 @@ class HtbShaper:
 
     # --- applying a plan ---------------------------------------------------------------
 
+    @property
+    def planned(self) -> Plan | None:
+        """The plan applied last (who holds which port and DSCP value)."""
+        return self._plan
+
     def apply(self, new: Plan, l2_lens: Mapping[str, int] | None = None) -> None:
         """Make the kernel match ``new`` (a no-op when it already does)."""
         if new == self._plan:
             return
+        said = set(self._plan.notes) if self._plan else set()
+        for note in new.notes:
+            if note not in said:  # one line each, when it first holds
+                log.warning("traffic classes: %s", note)
         wanted = {link.name: link for link in new.links}
         for name in list(self._links):
             if name not in wanted:
@@ -370,15 +437,14 @@ class HtbShaper:
 
     def _write_maps(self, new: Plan) -> None:
         assert self._loaded is not None
-        for name, current, wanted in (("hz_bulk_ports", self._ports, dict(new.ports)),
-                                      ("hz_bulk_dscp", self._dscp, dict(new.dscp))):
-            bpf_map = self._loaded.maps[name]
-            for key in set(current) | set(wanted):
-                value = wanted.get(key, 0)
-                if current.get(key, 0) != value:
-                    bpf_map.update(struct.pack("<I", key), struct.pack("<I", value))
-            current.clear()
-            current.update(wanted)
+        flows = self._loaded.maps["hz_bulk_flows"]
+        wanted = {(uid, what): c for uid, what, c in new.flows}
+        for key in set(self._flows) - set(wanted):
+            flows.delete(struct.pack("<II", *key))
+        for key, classid in wanted.items():
+            if self._flows.get(key) != classid:
+                flows.update(struct.pack("<II", *key), struct.pack("<I", classid))
+        self._flows = wanted
 
     def _delete_root(self, ifindex: int) -> None:
         with contextlib.suppress(NetlinkError):

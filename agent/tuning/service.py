@@ -54,6 +54,7 @@ from agent.tuning.loop import (
     build_policy,
     resolved_policy,
 )
+from agent.tuning.owners import GroupUsers
 from agent.tuning.policies import CHOICE_NAMES, describe_rule
 from agent.tuning.shm import (
     PolicyFile,
@@ -116,6 +117,7 @@ class TuningService:
         self.dir = Path(cfg.policy_dir)
         self.loop = TuningLoop(settings_from(cfg))
         self.shaper = htb if htb is not None else (HtbShaper() if cfg.htb else None)
+        self._owners = GroupUsers()
         self.files: dict[str, PolicyFile] = {}
         self.policy_ids: dict[str, int] = {}
         self.groups: dict[str, int | None] = {}
@@ -358,11 +360,15 @@ class TuningService:
     # --- traffic classes ------------------------------------------------------------
 
     def bulk_jobs(self) -> list[BulkJob]:
+        """In the order the jobs were declared: a port or DSCP value two jobs claim is the
+        first one's (htb.plan)."""
         out = []
-        for name, job in sorted(self.loop.jobs.items()):
+        for name, job in self.loop.jobs.items():
             bulk = job.declaration.bulk
             if bulk is not None and not job.retiring and (bulk.ports or bulk.dscp):
-                out.append(BulkJob(name, bulk.floor_mbps, bulk.ports, bulk.dscp))
+                # Only the job's own users' sockets: its group's, from its placement.
+                out.append(BulkJob(name, bulk.floor_mbps, bulk.ports, bulk.dscp,
+                                   self._owners.uids(job.declaration.group)))
         return out
 
     def _shape(self, sample: LinkSample | None) -> None:
@@ -381,7 +387,9 @@ class TuningService:
                 self._l2.update({n: d.l2_len for n, d in devices.items()})
         try:
             self.shaper.apply(plan(jobs, links, self._minors,
-                                   collective_share=self.cfg.collective_share), self._l2)
+                                   collective_share=self.cfg.collective_share,
+                                   max_floor_share=self.cfg.bulk_floor_max_share,
+                                   previous=self.shaper.planned), self._l2)
         except Exception as exc:
             self._fail(f"traffic classes: {exc}")
             return
