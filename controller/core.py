@@ -218,9 +218,16 @@ class ControllerCore:
         """The scheduler placed a job (or moved it): what tenants see follows at once."""
         self._now = now
         previous = self.redactor.placements.get(placement.job)
+        placement = self._numbered(placement, previous)
         if previous is not None and previous.tenant != placement.tenant:
             # A job id now belongs to someone else: the old owner's declaration is void.
             self._withdraw(placement.job)
+        if previous is not None and previous.generation != placement.generation:
+            # What was issued for the old placement is not the new one's to answer.
+            voided = self.notices.forget_job(placement.job)
+            if voided:
+                log.info("job %s placed anew: %d validation notice(s) of its previous "
+                         "placement withdrawn", placement.job, voided)
         self._placements[placement.job] = placement
         self.redactor.place(placement)
         self.agreement.set_hosts(placement.job, placement.hosts)
@@ -230,6 +237,17 @@ class ControllerCore:
         if declared is not None:
             self._forward(declared[1])  # hosts the job has moved to learn it now
         return self._release()
+
+    @staticmethod
+    def _numbered(placement: Placement, previous: Placement | None) -> Placement:
+        """The placement with its generation: the previous one's when nothing changed (a
+        scheduler saying it again), else the next."""
+        if previous is None:
+            return dataclasses.replace(placement, generation=1)
+        if (previous.tenant, previous.members, previous.group) == (
+                placement.tenant, placement.members, placement.group):
+            return dataclasses.replace(placement, generation=previous.generation)
+        return dataclasses.replace(placement, generation=previous.generation + 1)
 
     def unplace(self, job: str, now: float) -> list[Output]:
         """The job ended: its declaration, placement and tuning state go."""
@@ -339,9 +357,10 @@ class ControllerCore:
             max_defer=max_defer)
         if isinstance(body, str):
             return body
-        tenant = self.redactor.placements[notice.job].tenant
-        self.notices.record(Notice(notice_id, tenant, notice.job, host_id, plan, body.status,
-                                   body.not_before, body.pause_seconds))
+        placement = self.redactor.placements[notice.job]
+        self.notices.record(Notice(notice_id, placement.tenant, notice.job, host_id, plan,
+                                   body.status, body.not_before, body.pause_seconds,
+                                   placement=placement.generation))
         return None
 
     def _agree(self, now: float) -> None:
@@ -443,7 +462,8 @@ class ControllerCore:
         declared = self.declarations.get(notice.job) if notice is not None else None
         max_defer = (declared[1].max_validation_defer
                      if declared is not None and declared[0] == tenant else 0.0)
-        result = self.notices.answer(tenant, answer, max_defer)
+        result = self.notices.answer(tenant, answer, max_defer, None if notice is None
+                                     else self.redactor.placements.get(notice.job))
         if isinstance(result, tuple):
             self.feed.stats["refused_notice_answers"] += 1
             log.warning("refused an answer to a validation notice from %r: %s",

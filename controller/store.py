@@ -239,8 +239,10 @@ class Store:
             # Schema 2 stored the member list alone; 3 an object with the group.
             group = raw.get("group", "") if isinstance(raw, dict) else ""
             listed = raw.get("members", []) if isinstance(raw, dict) else raw
+            generation = raw.get("generation", 0) if isinstance(raw, dict) else 0
             placements.append(Placement(job, tenant, tuple(
-                Member(name, host) for name, host in listed), group))
+                Member(name, host) for name, host in listed), group,
+                generation if isinstance(generation, int) else 0))
         return placements
 
     def load_feed_seqs(self) -> dict[str, int]:
@@ -392,7 +394,8 @@ class Store:
                 else:
                     members = json.dumps({"members": [[m.name, m.host_id]
                                                       for m in placement.members],
-                                          "group": placement.group})
+                                          "group": placement.group,
+                                          "generation": placement.generation})
                     self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
                                     " VALUES (?, ?, ?)", (job, placement.tenant, members))
             for notice_id, notice in writes.notices.items():
