@@ -35,6 +35,9 @@ class ControllerSection:
     admin_group: Name = "harmonaize"
     database: AbsPath = "/var/lib/harmonaize/controller.db"
     log_level: LogLevel = LogLevel.INFO
+    #: Seconds between tries to write again while the database's disk is full (writing
+    #: and acknowledgements pause meanwhile; reads go on).
+    full_disk_retry: Annotated[float, Num(0.1, 3600.0)] = 5.0
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,8 @@ def reloaded(old: ControllerConfig,
         ("cluster", old.cluster, new.cluster),
     ) if before != after]
     running = dataclasses.replace(
-        new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level),
+        new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level,
+                                            full_disk_retry=new.controller.full_disk_retry),
         feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
                                  socket_buffer=old.feed.socket_buffer),
         auth=old.auth, metrics=old.metrics, gateway=old.gateway, cluster=old.cluster)

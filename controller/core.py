@@ -69,6 +69,7 @@ from controller.publications import Publications
 from controller.redaction import Redactor
 from controller.types import Placement
 from harmonaize.messages import (
+    Category,
     Envelope,
     ErrorCode,
     Hello,
@@ -142,6 +143,10 @@ class ControllerCore:
         self._expiry_checked = -math.inf
         self._next_republish = now + cfg.feed.republish
         self._next_prune = now + FEED_PRUNE_INTERVAL
+        #: Set by the shell while its disk is full: nothing new can be stored, so agents'
+        #: sequenced messages are left unapplied (unacknowledged: they come again) and
+        #: tenants' writes are refused with "try later".
+        self.storage_paused = False
 
     # --- the interface ----------------------------------------------------------------
 
@@ -292,6 +297,9 @@ class ControllerCore:
             self._reject("identity", f"key of {peer.host!r} used to speak for "
                          f"{message.sender!r:.60}", now)
             return []
+        if self.storage_paused and message.body.CATEGORY is not Category.CONTROL:
+            self.cluster.counters["unapplied_disk_full"] += 1
+            return []
         at_once: list[Output] = []
         for reply in self.cluster.receive(peer.conn, message, now):
             send = SendToAgent(reply.conn, reply.body)
@@ -426,6 +434,11 @@ class ControllerCore:
         if isinstance(body, Subscribe):
             # About stored state only: the feed's numbers move in tick(), committed at once.
             return self.feed.subscribe(peer, body, now)
+        if self.storage_paused and isinstance(body, JobDeclaration | ValidationAnswer):
+            stats["refused_disk_full"] += 1
+            return [AnswerTenant(peer.peer, Reply(
+                message.seq, False, "the controller cannot store anything now (its disk is "
+                "full): try again later", ErrorCode.UNAVAILABLE.value))]
         if isinstance(body, JobDeclaration):
             error = self._declare(peer.tenant, body)
         elif isinstance(body, ValidationAnswer):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -70,6 +71,7 @@ from controller.outputs import (
 )
 from controller.publications import SENDER
 from controller.store import Store, StoreError
+from controller.writeback import Writer
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
 from harmonaize.logs import one_line
@@ -141,6 +143,8 @@ class ControllerServer:
             raise RuntimeError(f"controller.database: {exc}") from None
         self.core = ControllerCore(cfg, time.monotonic(), self.store.restored(),
                                    rng=random.Random())
+        #: Commits, paused while the disk is full (controller/writeback.py).
+        self.writer = Writer(self.store, cfg.controller.full_disk_retry)
         self._ctx = zmq.asyncio.Context()
         self._stop = asyncio.Event()
         #: Set when input may have moved the core's next deadline.
@@ -253,6 +257,10 @@ class ControllerServer:
             if self.gateway is not None:
                 await self.gateway.close()
             self._execute(self.core.close())
+            if self.writer.unstored:
+                log.warning("stopping with %d batch(es) that found no room on disk: nothing "
+                            "of them was acknowledged; agents send them again",
+                            len(self.writer.unstored))
             await self.admin.close()
             if self.metrics is not None:
                 await self.metrics.close()
@@ -328,7 +336,12 @@ class ControllerServer:
         """Sleep until the core's next deadline, or until input may have moved it."""
         while True:
             self._wake.clear()
+            if self.writer.paused and time.monotonic() >= self.writer.next_retry:
+                self._try_writing_again()
             deadline = self.core.next_deadline()
+            if self.writer.paused:  # on its own deadline: no busy loop while the disk is full
+                deadline = min(math.inf if deadline is None else deadline,
+                               self.writer.next_retry)
             delay = None if deadline is None else deadline - time.monotonic()
             if delay is None or delay > 0:
                 with contextlib.suppress(TimeoutError):
@@ -351,9 +364,25 @@ class ControllerServer:
         return None
 
     def _execute(self, outputs: list[Output]) -> None:
-        """In order: a Commit is stored before anything after it goes out."""
+        """In order: a Commit is stored before anything after it goes out. While the disk
+        is full, what depends on unstored state waits (controller/writeback.py)."""
         gateway = self.gateway
+        writer = self.writer
+        now = time.monotonic()
+        unstored_before = False  # a Commit of these outputs found no room
         for out in outputs:
+            if isinstance(out, Commit):
+                unstored_before |= not writer.commit(out.writes, now)
+                continue
+            if isinstance(out, Prune):
+                writer.prune(out, now)
+                continue
+            if unstored_before or (writer.paused and isinstance(out, SendToAgent
+                                                                 | SendToTenant)):
+                # Answers to tenants' requests (reads, "try later") and replays of the
+                # stored feed still go out; acknowledgements and publications wait.
+                writer.hold(out)
+                continue
             if isinstance(out, SendToAgent):
                 self._send(out.conn, out.message)
             elif isinstance(out, SendToTenant):
@@ -362,8 +391,6 @@ class ControllerServer:
                 else:
                     self.core.delivered(out, self._to_tenant(out.peer, out.topic.encode(),
                                                              out.frame))
-            elif isinstance(out, Commit):
-                self.store.commit(out.writes)
             elif isinstance(out, AnswerTenant):
                 if gateway is not None and gateway.ours(out.peer):
                     self.core.delivered(out, gateway.answer(out.peer, out.message))
@@ -375,10 +402,15 @@ class ControllerServer:
                                                   out.retained_from):
                     self.core.delivered(SendToTenant(out.peer, out.topic, frame),
                                         self._to_tenant(out.peer, out.topic.encode(), frame))
-            elif isinstance(out, Prune):
-                self.store.prune_events()
-                self.store.prune_feed(out.retention)
+        self.core.storage_paused = writer.paused
         self._wake.set()
+
+    def _try_writing_again(self) -> None:
+        """The disk was full: store what was kept, then send what waited for it."""
+        waiting = self.writer.try_again(time.monotonic())
+        if waiting is not None:
+            self.core.storage_paused = False
+            self._execute(waiting)
 
     def _send(self, conn: bytes, body: Any) -> None:
         assert self.router is not None
@@ -418,6 +450,7 @@ class ControllerServer:
         if later:
             log.warning("changes to %s take effect at the next restart", ", ".join(later))
         self.core.reconfigure(self.cfg)
+        self.writer.retry = self.cfg.controller.full_disk_retry
         self._wake.set()  # the deadlines may have moved
         logging.getLogger().setLevel(new.controller.log_level.value.upper())
         self.notifier.notify("READY=1", f"STATUS={len(self.core.cluster.hosts)} known hosts")
@@ -476,6 +509,7 @@ class ControllerServer:
                                   for name, port in self.ports.items()},
             "ports": {name: port.view() for name, port in self.ports.items()},
             "descriptors": descriptors(),
+            "storage": self.writer.view(time.monotonic()),
             "admin_socket": asdict(self.admin.stats),
             "gateway": self.gateway.view() if self.gateway is not None else None,
         }
