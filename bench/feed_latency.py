@@ -42,6 +42,7 @@ def main() -> int:
             # default host buckets begin 0-1, so one host up reads as none: finer ones.
             "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
             "host_buckets = [0, 1, 2]\n"
+            '[pools]\nnames = ["p", "default"]\ngpu_classes = ["H200"]\n'
             + keyring.controller_config()
         )
         agent_cfg = work / "agent.toml"

@@ -20,7 +20,7 @@ from harmonaize.config import (
     OptionalPath,
     split_address,
 )
-from harmonaize.schema import Len, Name, Num, Str
+from harmonaize.schema import Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")
 
@@ -85,6 +85,31 @@ class AuthSection:
     mode: AuthMode = AuthMode.CURVE
     #: controller.key_secret, agents/<host>.key and tenants/<tenant>.key live here.
     keys_dir: AbsPath = "/etc/harmonaize/keys"
+
+
+@dataclass(frozen=True)
+class PoolsSection:
+    """``[pools]``: the pool and GPU-class names tenants may see (in topics
+    ``pool/<pool>/<class>`` and in capacity messages). A host's names come from its agent;
+    only names listed here reach a tenant, and as the controller's own strings. A host
+    reporting another name is left out of every tenant's capacity (its jobs' health
+    still counts it), counted and logged once per name. None are listed by default:
+    the operator declares each pool and class (and reloads) before tenants see it."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    names: Annotated[tuple[Ident, ...], Len(4096)] = ()
+    gpu_classes: Annotated[tuple[Ident, ...], Len(4096)] = ()
+
+
+@dataclass(frozen=True)
+class NoticesSection:
+    """``[notices]``: how many validation notices the controller keeps (each is stored
+    until an hour after its pause could have ended). A host's notice beyond either
+    bound is not passed on: counted and logged, the host's own plan goes on."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    per_host: Annotated[int, Num(1, 100_000)] = 256
+    per_job: Annotated[int, Num(1, 100_000)] = 64
 
 
 Origin = Annotated[str, Str(max_len=256, pattern=r"https?://[A-Za-z0-9.\[\]:-]+",
@@ -174,6 +199,8 @@ class ControllerConfig:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     #: Multi-host tuning: how the controller agrees changes with a job's hosts.
     tuning: AgreementSettings = field(default_factory=AgreementSettings)
+    pools: PoolsSection = field(default_factory=PoolsSection)
+    notices: NoticesSection = field(default_factory=NoticesSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

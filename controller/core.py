@@ -30,9 +30,11 @@ agreement's choice is one of its own names, a declaration reaches a host with
 the placement's group. Bad input is counted and logged in one line (at most a
 burst per window), and the core keeps going.
 
-(Just over 400 lines: agents' and tenants' messages share the held sends and the
-Commit that releases them, so they stay one class; declarations, the feed and
-the operator views are modules of their own.)
+(About 600 lines: agents' and tenants' messages share the held sends and the
+Commit that releases them, and the rules that bind them (notices to their
+placement, their bounds, what is refused while the disk is full) act on that
+same state, so they stay one class; declarations, notices, the feed and the
+operator views are modules of their own.)
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from controller.outputs import (
     Writes,
 )
 from controller.publications import Publications
-from controller.redaction import Redactor
+from controller.redaction import PoolNames, Redactor
 from controller.types import Placement
 from harmonaize.messages import (
     Category,
@@ -95,6 +97,8 @@ log = logging.getLogger("harmonaize.controller")
 #: Rejected frames logged per window; all of them are counted.
 REJECT_LOG_BURST = 10
 REJECT_LOG_WINDOW = 10.0
+#: Undeclared pool and class names logged (each once) before the log says no more.
+MAX_HELD_BACK_TOLD = 1000
 #: Seconds between prunings of old host events and of the feed log beyond its retention.
 FEED_PRUNE_INTERVAL = 60.0
 
@@ -109,6 +113,9 @@ class ControllerCore:
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(list(restored.hosts), now)
         self.redactor = Redactor(cfg.redaction, rng or random.Random())
+        self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
+        #: (pool, class) names agents reported that are not declared, each logged once.
+        self._held_back_told: set[tuple[str, str]] = set()
         for topic, (_, frame, _) in restored.latest.items():
             try:
                 self.redactor.restore(topic, decode(frame).body)
@@ -276,6 +283,10 @@ class ControllerCore:
         if cfg.redaction != old.redaction:
             self.redactor.cfg = cfg.redaction
             self.cluster.changed = True  # recompute what tenants see under the new rules
+        if cfg.pools != old.pools:
+            self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
+            self._held_back_told.clear()
+            self.cluster.changed = True
         self.agreement.settings = cfg.tuning
 
     def close(self) -> list[Output]:
@@ -315,12 +326,17 @@ class ControllerCore:
 
     def _reject(self, reason: str, detail: str, now: float) -> None:
         self.rejected[reason] += 1
+        if self._may_log(now):
+            log.warning("rejected a frame (%s): %s", reason, detail)
+
+    def _may_log(self, now: float) -> bool:
+        """Whether an agent's bad input may be logged now (a burst per window; every one
+        is counted), so that no agent can flood the log."""
         start, count = self._reject_window
         if now - start > REJECT_LOG_WINDOW:
             start, count = now, 0
-        if count < REJECT_LOG_BURST:
-            log.warning("rejected a frame (%s): %s", reason, detail)
         self._reject_window = (start, count + 1)
+        return count < REJECT_LOG_BURST
 
     def _publish_changes(self, now: float, wall: float) -> None:
         """Feed the agreement and the redactor what changed; stage what they let out."""
@@ -337,18 +353,31 @@ class ControllerCore:
                 # Acknowledged to the host (it was delivered) but not passed on: a host
                 # speaking for a job it does not run, or beyond what the job allows.
                 self.cluster.counters[f"job_message_{refused}"] += 1
-                log.warning("host %s: %s for job %r not passed on (%s)", host_id,
-                            advisory.KIND, advisory.job, refused.replace("_", " "))
+                if self._may_log(now):
+                    log.warning("host %s: %s for job %.60r not passed on (%s)", host_id,
+                                advisory.KIND, advisory.job, refused.replace("_", " "))
         self._staged = False
         if self.cluster.changed:
             self.cluster.changed = False
             self.redactor.observe(self.cluster.views(), now)
+            self._tell_held_back()
         for publication in self.redactor.due(now):
             body = publication.body
             if isinstance(body, PoolCapacity):
                 log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
                          body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
             self._held += self.feed.publish(body, publication.topic, wall)
+
+    def _tell_held_back(self) -> None:
+        """Count and log, once each, the undeclared names hosts were left out for."""
+        for names in self.redactor.held_back.keys() - self._held_back_told:
+            if len(self._held_back_told) >= MAX_HELD_BACK_TOLD:
+                break  # the counter goes on; the log and the memory do not
+            self._held_back_told.add(names)
+            self.cluster.counters["pool_names_held_back"] += 1
+            log.warning("hosts report pool %.60r and GPU class %.60r, which [pools] does not "
+                        "declare: left out of every tenant's capacity (declare them in "
+                        "pools.names and pools.gpu_classes, then reload)", *names)
 
     def _notice(self, host_id: str, notice: ValidationNotice,
                 declared: tuple[str, JobDeclaration] | None, now: float,
@@ -359,6 +388,9 @@ class ControllerCore:
         # Hosts before answerable notices sent no plan id: each notice stands alone.
         plan = notice.id or f"@{notice.starts_at}"
         notice_id = self.notices.id_for(host_id, plan, notice.job)
+        if self.notices.get(notice_id) is None and self.notices.full(
+                host_id, notice.job, self.cfg.notices.per_host, self.cfg.notices.per_job):
+            return "too_many_notices"
         body = self.redactor.notice(
             host_id, notice, now, wall, declared[1].max_validation_pause if declared else None,
             notice_id=notice_id, defer_seconds=self.notices.defer_left(notice_id, max_defer),

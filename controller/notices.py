@@ -28,6 +28,7 @@ notice, for the new placement's tenant.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from controller.types import Placement
@@ -102,6 +103,9 @@ class Notices:
         self._by_plan = {(n.host, n.plan, n.job): n.id for n in restored}
         self._rng = rng or random.Random()
         self._dirty: dict[str, Notice | None] = {}
+        #: Records kept per host and per job (bounded by the configuration).
+        self._per_host = Counter(n.host for n in restored)
+        self._per_job = Counter(n.job for n in restored)
 
     def id_for(self, host: str, plan: str, job: str) -> str:
         """The tenant's id of a host's plan for one job (a new one the first time: random,
@@ -120,6 +124,10 @@ class Notices:
         if old is not None and old.placement == notice.placement:
             notice = replace(notice, approved=old.approved, deferred=old.deferred)
         self._put(notice)
+
+    def full(self, host: str, job: str, per_host: int, per_job: int) -> bool:
+        """Whether the host or the job has as many notices as may be kept."""
+        return self._per_host[host] >= per_host or self._per_job[job] >= per_job
 
     def get(self, notice_id: str) -> Notice | None:
         return self.by_id.get(notice_id)
@@ -187,10 +195,17 @@ class Notices:
         return dirty
 
     def _put(self, notice: Notice) -> None:
+        if notice.id not in self.by_id:
+            self._per_host[notice.host] += 1
+            self._per_job[notice.job] += 1
         self.by_id[notice.id] = self._dirty[notice.id] = notice
         self._by_plan[(notice.host, notice.plan, notice.job)] = notice.id
 
     def _drop(self, notice: Notice) -> None:
         del self.by_id[notice.id]
+        for counts, key in ((self._per_host, notice.host), (self._per_job, notice.job)):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]
         self._by_plan.pop((notice.host, notice.plan, notice.job), None)
         self._dirty[notice.id] = None

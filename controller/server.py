@@ -23,9 +23,10 @@ may have gone silent, a capacity update held back by its interval and jitter,
 an agreement timeout or resend, a subscription's renewal, republication,
 pruning), or until new input may have moved it.
 
-(A little over 400 lines: the sockets, the three loops, executing the core's
-outputs, reload and the operator socket's wiring are one shell, and all of it
-is I/O; what it decides is the core's.)
+(Near 600 lines: the sockets, the three loops, executing the core's outputs,
+reload and the operator socket's wiring are one shell, and all of it is I/O;
+what it decides is the core's, and pausing writes on a full disk is
+controller/writeback.py's.)
 """
 
 from __future__ import annotations
@@ -510,6 +511,8 @@ class ControllerServer:
             "ports": {name: port.view() for name, port in self.ports.items()},
             "descriptors": descriptors(),
             "storage": self.writer.view(time.monotonic()),
+            # Hosts left out of tenants' capacity: their pool or class is not in [pools].
+            "held_back_hosts": sum(self.core.redactor.held_back.values()),
             "admin_socket": asdict(self.admin.stats),
             "gateway": self.gateway.view() if self.gateway is not None else None,
         }

@@ -17,6 +17,7 @@ from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tenant.client import FeedClient
+from harmonaize.testbed.cluster import TEST_POOLS
 from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
 from harmonaize.testbed.keyring import Credentials, Keyring
 from harmonaize.testbed.netns import Lab
@@ -157,7 +158,8 @@ def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
     config.write_text(
         f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\nadmin_socket = "{admin}"\n'
         f'database = "{database}"\nadmin_group = "{admin_group}"\n' + extra
-        + ("" if "[redaction]" in extra else SMALL_CLUSTER) + auth
+        + ("" if "[redaction]" in extra else SMALL_CLUSTER)
+        + ("" if "[pools]" in extra else TEST_POOLS) + auth
     )
     log = workdir / "controller.log"
     with log.open("ab") as out:
