@@ -21,9 +21,11 @@ import zmq
 
 from harmonaize import messages as m
 from harmonaize.tenant.client import RequestError
-from tests.conftest import Spawn, needs_root
+from tests.conftest import Spawn, free_port, needs_root
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed, wait_until
+from tests.sse import curl
 from tests.test_controller_feed import place
+from tests.test_tenant_http import bearer, token
 
 pytestmark = [pytest.mark.hardening, needs_root]
 
@@ -107,13 +109,17 @@ def writing(controller: Controller) -> bool:
 
 def test_full_disk_pauses_acknowledgements_keeps_serving_and_resumes_with_nothing_lost(
         spawn, workdir: Path, small_disk: SmallDisk, ctx: zmq.Context) -> None:
+    port = free_port()
+
     def start() -> Controller:
-        return start_controller(spawn, workdir, "full_disk_retry = 0.2\n",
+        return start_controller(spawn, workdir, "full_disk_retry = 0.2\n[gateway]\n"
+                                f'listen = "127.0.0.1:{port}"\n',
                                 database=small_disk.path / "controller.db",
                                 wrap=small_disk.enter)
 
     controller = start()
     place(controller, "job-a", "acme", "h1")
+    url, secret = f"http://127.0.0.1:{port}/v1", token(controller, "acme")
     agent = Agent(ctx, controller)
     for _ in range(5):
         agent.send_new()
@@ -142,12 +148,20 @@ def test_full_disk_pauses_acknowledgements_keeps_serving_and_resumes_with_nothin
         with pytest.raises(RequestError) as refused:
             feed.declare(m.JobDeclaration("job-a", revision=1))
         assert refused.value.code == "unavailable" and "try again later" in str(refused.value)
+    status, body, _ = curl("POST", f"{url}/declarations", *bearer(secret),
+                           body={"job": "job-a", "revision": 1})
+    assert status == 503 and body["error"]["code"] == "unavailable"
+    status, body, _ = curl("GET", f"{url}/notices", *bearer(secret))
+    assert status == 200 and body["notices"] == []
     assert controller.proc.poll() is None
 
     small_disk.empty()
     wait_until(lambda: writing(controller), what="writing to resume")
     wait_until(lambda: (agent.resend_unacked(), agent.take_acks(0.5),
                         agent.acked == agent.sent)[-1], what="every event acknowledged")
+    status, _, _ = curl("POST", f"{url}/declarations", *bearer(secret),
+                        body={"job": "job-a", "revision": 1})
+    assert status == 200  # tenants' writes are taken again
     for _ in range(3):  # and new ones as ever
         agent.send_new()
     agent.take_acks(5.0)
