@@ -38,6 +38,7 @@ import math
 import os
 import random
 import signal
+import sqlite3
 import time
 from collections.abc import Coroutine
 from dataclasses import asdict
@@ -532,38 +533,60 @@ class ControllerServer:
     def _tenant_keys(self) -> set[str] | None:
         return set(self.zap.lists[TENANTS].names()) if self.zap is not None else None
 
+    def _writable(self) -> None:
+        """Refuse an operator's change while the disk is full (nothing could store it)."""
+        if self.writer.paused:
+            raise CommandError("the controller's disk is full, nothing can be stored now: "
+                               "try again later (harmonctl -C status: storage)")
+
+    def _stored(self) -> None:
+        """After a change: say so if its commit found no room (it is kept, in memory)."""
+        if self.writer.paused:
+            raise CommandError("taken, but the controller's disk is full: it is stored once "
+                               "there is room, and lost if the controller stops before")
+
     def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
             placement = views.placement(args)
         except SchemaError as exc:
             raise CommandError(str(exc)) from None
+        self._writable()
         self._execute(self.core.place(placement, time.monotonic(), time.time()))
+        self._stored()
         return {"job": placement.job, "members": len(placement.members)}
 
     def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
         job = args.get("job")
         if not isinstance(job, str) or job not in self.core.redactor.placements:
             raise CommandError("job must name a placed job")
+        self._writable()
         self._execute(self.core.unplace(job, time.monotonic()))
+        self._stored()
         return {"job": job}
 
     async def _cmd_tokens(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         return await self.tokens.listed(time.time())
 
     async def _cmd_token_issue(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._writable()
         try:
             issued = await self.tokens.issue(args.get("tenant"), args.get("days", 90),
                                              args.get("note", ""), time.time())
         except TokenError as exc:
             raise CommandError(str(exc)) from None
+        except sqlite3.OperationalError as exc:  # a full disk, found by this very write
+            raise CommandError(f"not stored: {exc}; try again later") from None
         log.info("issued token %s for tenant %r", issued["id"], issued["tenant"])
         return issued
 
     async def _cmd_token_revoke(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._writable()
         try:
             tenant = await self.tokens.revoke(args.get("id"), time.time())
         except TokenError as exc:
             raise CommandError(str(exc)) from None
+        except sqlite3.OperationalError as exc:  # a full disk, found by this very write
+            raise CommandError(f"not stored: {exc}; try again later") from None
         ended = self.gateway.revoked(args["id"]) if self.gateway is not None else 0
         log.info("revoked token %s of tenant %r (%d streams ended)", args["id"], tenant, ended)
         return {"revoked": args["id"], "tenant": tenant, "streams_ended": ended}

@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from harmonaize import messages as m
+from harmonaize.opsocket import CommandError
 from harmonaize.tenant.client import RequestError
 from tests.conftest import Spawn, free_port, needs_root
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed, wait_until
@@ -153,6 +154,8 @@ def test_full_disk_pauses_acknowledgements_keeps_serving_and_resumes_with_nothin
     assert status == 503 and body["error"]["code"] == "unavailable"
     status, body, _ = curl("GET", f"{url}/notices", *bearer(secret))
     assert status == 200 and body["notices"] == []
+    with pytest.raises(CommandError, match="disk is full"):  # an operator's change too
+        place(controller, "job-b", "acme", "h1")
     assert controller.proc.poll() is None
 
     small_disk.empty()
