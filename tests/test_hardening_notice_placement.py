@@ -9,6 +9,7 @@ same plan is a new notice for the new placement."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ from pathlib import Path
 import pytest
 import zmq
 
+from controller.core import ControllerCore
+from controller.outputs import AgentPeer, AnswerTenant, Commit, SendToAgent, TenantPeer
+from controller.store import Store
+from controller.types import Member, Placement
 from harmonaize import messages as m
 from harmonaize.messages import ValidationDecision, ValidationNotice
 from harmonaize.tenant.client import FeedClient, RequestError
@@ -23,6 +28,7 @@ from tests.conftest import needs_root
 from tests.daemons import FakeAgent, tenant_feed
 from tests.sse import curl
 from tests.test_controller_feed import place
+from tests.test_redesign_controller_core import HOST, WALL, agent_frame, config, hello, tenant_frame
 from tests.test_tenant_http import bearer, gateway, token
 
 pytestmark = [pytest.mark.hardening, needs_root]
@@ -142,3 +148,46 @@ def test_notice_answer_from_the_old_tenant_is_refused_once_the_job_is_placed_ane
         assert refusal(beta, third.id) == refusal(beta, UNKNOWN)
     stats = controller.request("status")["feed_stats"]
     assert stats["notice_answers"] == 2
+
+
+def test_notice_withdrawn_by_a_new_placement_stays_withdrawn_after_a_restart(
+        tmp_path: Path) -> None:
+    """The core with the real store: the same placement said again keeps its notices; a
+    new one withdraws them, and a restarted controller neither lists nor resends them."""
+    def run(outputs: list) -> list:
+        for out in outputs:
+            if isinstance(out, Commit):
+                store.commit(out.writes)
+        return outputs
+
+    store = Store(tmp_path / "c.db")
+    core = ControllerCore(config(), 0.0, store.restored())
+    here = (Member("3", HOST),)
+    run(core.place(Placement(JOB, "acme", here), 0.0, WALL))
+    core.receive(AgentPeer(b"c1", HOST), agent_frame(hello()), 0.0)
+    run(core.tick(0.0, WALL))
+    plan = m.ValidationNotice(JOB, ("3",), 600, WALL + 900, "v17-1", WALL + 900)
+    core.receive(AgentPeer(b"c1", HOST), agent_frame(plan, 1, 1.0), 1.0)
+    run(core.tick(1.0, WALL + 1))
+    (told,) = core.notices.of_tenant("acme")
+    out = run(core.receive(TenantPeer(b"t1", "acme"), tenant_frame(
+        m.ValidationAnswer(told.id, m.NoticeAction.APPROVE), seq=2), 2.0))
+    assert AnswerTenant(b"t1", m.Reply(2, True, "")) in out
+    run(core.place(Placement(JOB, "acme", here), 3.0, WALL + 3))  # the scheduler, again
+    assert core.notices.of_tenant("acme") == [dataclasses.replace(told, approved=True)]
+    run(core.place(Placement(JOB, "beta", here), 4.0, WALL + 4))  # placed anew
+    assert core.notices.of_tenant("acme") == core.notices.of_tenant("beta") == []
+    store.close()
+
+    store = Store(tmp_path / "c.db")
+    core = ControllerCore(config(), 10.0, store.restored())
+    assert core.notices.of_tenant("acme") == core.notices.of_tenant("beta") == []
+    assert core.redactor.placements[JOB].generation == 2
+    core.receive(AgentPeer(b"c9", HOST), agent_frame(hello(), 0, 10.0), 10.0)
+    sends = [o for o in core.tick(10.0, WALL + 10) if isinstance(o, SendToAgent)]
+    assert not any(isinstance(s.message, ValidationDecision) for s in sends)
+    out = core.receive(TenantPeer(b"t2", "acme"), tenant_frame(
+        m.ValidationAnswer(told.id, m.NoticeAction.APPROVE), seq=3), 11.0)
+    (answer,) = [o for o in out if isinstance(o, AnswerTenant)]
+    assert answer.message.code == "no-such-notice"
+    store.close()
