@@ -135,6 +135,7 @@ class ControllerCore:
         self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))
+        self._forget_undeclared_pools()
         self.frames = 0
         self.rejected: Counter[str] = Counter()
         self._reject_window = (-math.inf, 0)
@@ -286,6 +287,7 @@ class ControllerCore:
         if cfg.pools != old.pools:
             self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
             self._held_back_told.clear()
+            self._forget_undeclared_pools()
             self.cluster.changed = True
         self.agreement.settings = cfg.tuning
 
@@ -367,6 +369,21 @@ class ControllerCore:
                 log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
                          body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
             self._held += self.feed.publish(body, publication.topic, wall)
+
+    def _forget_undeclared_pools(self) -> None:
+        """Pool topics whose names are not declared are neither republished nor given to
+        new subscribers (names an agent made up, kept by an older version, or taken out
+        of [pools] by a reload)."""
+        names = self.redactor.names
+        assert names is not None
+        gone = set(self.redactor.forget_undeclared())
+        for topic in [t for t in self.feed.latest if t.startswith("pool/")]:
+            if not names.declares(topic):
+                del self.feed.latest[topic]
+                gone.add(topic)
+        if gone:
+            log.warning("%d pool topic(s) whose names [pools] does not declare are no longer "
+                        "published", len(gone))
 
     def _tell_held_back(self) -> None:
         """Count and log, once each, the undeclared names hosts were left out for."""

@@ -198,6 +198,11 @@ class PoolNames:
         ours = self.pools.get(pool), self.classes.get(gpu_class)
         return None if ours[0] is None or ours[1] is None else (ours[0], ours[1])
 
+    def declares(self, topic: str) -> bool:
+        """Whether a pool topic (``pool/<pool>/<class>``) is of declared names."""
+        parts = topic.split("/")
+        return len(parts) == 3 and self.own(parts[1], parts[2]) is not None
+
 
 @dataclass
 class _Topic:
@@ -350,6 +355,21 @@ class Redactor:
             return "not_placed_here"
         wanted = set(named)
         return placement, tuple(sorted(n for n in here if n in wanted) or sorted(here))
+
+    def forget_undeclared(self) -> list[str]:
+        """Drop every pool topic whose names are not declared (any more); their topics."""
+        if self.names is None:
+            return []
+        gone = []
+        for topic in [t for t in set(self._topics) | set(self._next_release)
+                      if t.startswith("pool/")]:
+            if not self.names.declares(topic):
+                gone.append(topic)
+                self._topics.pop(topic, None)
+                self._trend.pop(topic, None)
+                self._next_release.pop(topic, None)
+        self._pools = {key for key in self._pools if self.names.own(*key) is not None}
+        return sorted(gone)
 
     def _named(self, hosts: list[HostState]) -> list[HostState]:
         """The hosts whose pool and class are declared, under the declared strings."""

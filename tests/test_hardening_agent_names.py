@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 import zmq
 
+from controller.core import ControllerCore
+from controller.outputs import AgentPeer, Commit, SendToTenant, TenantPeer
+from controller.store import Store
 from harmonaize import messages as m
 from harmonaize.messages import decode
 from harmonaize.schema import to_plain
 from tests.conftest import needs_root
 from tests.daemons import FakeAgent, start_controller, tenant_feed, wait_until
 from tests.test_controller_feed import place
+from tests.test_redesign_controller_core import HOST, WALL, agent_frame, config, tenant_frame
 
 pytestmark = [pytest.mark.hardening, needs_root]
 
@@ -132,3 +136,37 @@ def test_notices_kept_are_bounded_per_host_and_per_job_after_20000_distinct_ones
     assert status["protocol"]["job_message_too_many_notices"] == total - 30
     assert controller.proc.poll() is None
     agent.close()
+
+
+def test_undeclared_pool_topic_kept_from_before_is_neither_republished_nor_given_to_new_subscribers(
+        tmp_path: Path) -> None:
+    """A database from a controller that took any name (here: one that declared it) keeps
+    the topic an agent named; the controller that no longer declares it drops it."""
+    def run(outputs: list) -> list:
+        for out in outputs:
+            if isinstance(out, Commit):
+                store.commit(out.writes)
+        return outputs
+
+    store = Store(tmp_path / "c.db")
+    before = config(pools={"names": ["p", HOST_LIKE_POOL], "gpu_classes": ["H200"]})
+    core = ControllerCore(before, 0.0, store.restored())
+    core.receive(AgentPeer(b"c1", HOST), agent_frame(m.Hello(
+        pool=HOST_LIKE_POOL, gpu_class="H200", gpus=8, version="t", epoch=1, acked=0,
+        heartbeat=3600.0)), 0.0)
+    run(core.tick(0.0, WALL))
+    run(core.tick(1000.0, WALL + 1000))  # the private release, after its interval
+    evil = f"pool/{HOST_LIKE_POOL}/H200"
+    assert evil in core.feed.latest
+    store.close()
+
+    store = Store(tmp_path / "c.db")
+    core = ControllerCore(config(), 0.0, store.restored())  # declares "p" and "default"
+    out = run(core.receive(TenantPeer(b"t1", "acme"), tenant_frame(m.Subscribe(("pool/",))),
+                           1.0))
+    out += run(core.tick(5000.0, WALL + 5000))  # republications and releases since
+    sent = [o for o in out if isinstance(o, SendToTenant)]
+    assert all(HOST_LIKE_POOL not in o.topic and HOST_LIKE_POOL.encode() not in o.frame
+               for o in sent)
+    assert evil not in core.feed.latest
+    store.close()
