@@ -259,10 +259,10 @@ class ControllerServer:
             if self.gateway is not None:
                 await self.gateway.close()
             self._execute(self.core.close())
-            if self.writer.unstored:
+            if self.writer.unstored is not None:
                 log.warning("stopping with %d batch(es) that found no room on disk: nothing "
                             "of them was acknowledged; agents send them again",
-                            len(self.writer.unstored))
+                            self.writer.unstored_batches)
             await self.admin.close()
             if self.metrics is not None:
                 await self.metrics.close()

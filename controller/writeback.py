@@ -10,16 +10,19 @@ core does that, told by :attr:`Writer.paused`) and reads are still served. Every
 fit, what waited goes out in order and writing goes on as before. One log line says
 when writing paused and one when it resumed.
 
-Nothing waits without bound: acknowledgements are dropped, not kept (an agent resends
-and is acknowledged after the resumption), and sends beyond :data:`MAX_WAITING` are
-dropped and counted (a tenant's client sees the gap and resumes from the stored feed).
+Nothing waits without bound: the kept batches are merged into one (a host's record,
+a job's declaration are kept once, the newest; only events and feed messages add up,
+and agents' events are not taken while paused), acknowledgements are dropped, not kept
+(an agent resends and is acknowledged after the resumption), and sends beyond
+:data:`MAX_WAITING` are dropped and counted (a tenant's client sees the gap and resumes
+from the stored feed).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controller.outputs import Output, Prune, SendToAgent, Writes
 from controller.store import Store, StoreFull
@@ -29,6 +32,20 @@ log = logging.getLogger("harmonaize.controller")
 
 #: Sends kept while writing is paused (the rest are dropped and counted).
 MAX_WAITING = 100_000
+
+
+def merged(first: Writes, then: Writes) -> Writes:
+    """One batch that stores what ``first`` then ``then`` would (the store's tables are
+    keyed: the later row wins; events and feed messages are appended)."""
+    hosts = {h.host_id: h for h in (*first.hosts, *then.hosts)}
+    return replace(
+        first, hosts=tuple(hosts.values()), events=first.events + then.events,
+        feed_seqs={**first.feed_seqs, **then.feed_seqs},
+        feed_log=first.feed_log + then.feed_log,
+        feed_offsets={**first.feed_offsets, **then.feed_offsets},
+        declarations={**first.declarations, **then.declarations},
+        placements={**first.placements, **then.placements},
+        tuning={**first.tuning, **then.tuning}, notices={**first.notices, **then.notices})
 
 
 @dataclass
@@ -46,8 +63,10 @@ class Writer:
         self.store = store
         self.retry = retry
         self.stats = WriterStats()
-        #: Batches not stored yet, in order (empty while writing goes on).
-        self.unstored: list[Writes] = []
+        #: What is not stored yet, merged into one batch (None while writing goes on),
+        #: and how many batches it holds.
+        self.unstored: Writes | None = None
+        self.unstored_batches = 0
         #: What waits for them, in order.
         self.waiting: list[Output] = []
         #: Monotonic time writing paused (None: it goes on) and of the next retry.
@@ -62,16 +81,15 @@ class Writer:
     def commit(self, writes: Writes, now: float) -> bool:
         """Store a batch; False when it is kept for later (writing is, or now is,
         paused): what follows it in the same outputs must then wait too."""
-        if self.paused:
-            self.unstored.append(writes)
-            return False
-        try:
-            self.store.commit(writes)
-        except StoreFull as exc:
-            self.unstored.append(writes)
-            self._pause(str(exc), now)
-            return False
-        return True
+        if not self.paused:
+            try:
+                self.store.commit(writes)
+                return True
+            except StoreFull as exc:
+                self._pause(str(exc), now)
+        self.unstored = writes if self.unstored is None else merged(self.unstored, writes)
+        self.unstored_batches += 1
+        return False
 
     def prune(self, prune: Prune, now: float) -> None:
         """Pruning waits for room like any write (nothing is lost by skipping it)."""
@@ -96,7 +114,8 @@ class Writer:
         """Write the kept batches again: what waited for them, in order, once they fit;
         None while there is still no room."""
         try:
-            self.store.commit(*self.unstored)
+            if self.unstored is not None:
+                self.store.commit(self.unstored)
         except StoreFull:
             self.stats.failed_writes += 1
             self.next_retry = now + self.retry
@@ -104,8 +123,9 @@ class Writer:
         assert self.paused_at is not None
         log.warning("controller.database has room again: %d batch(es) kept for %.0f s "
                     "stored, %d send(s) that waited go out; acknowledging again",
-                    len(self.unstored), now - self.paused_at, len(self.waiting))
-        waiting, self.waiting, self.unstored = self.waiting, [], []
+                    self.unstored_batches, now - self.paused_at, len(self.waiting))
+        waiting, self.waiting, self.unstored = self.waiting, [], None
+        self.unstored_batches = 0
         self.paused_at, self.next_retry = None, math.inf
         return waiting
 
@@ -114,7 +134,7 @@ class Writer:
                 "paused_seconds": 0.0 if self.paused_at is None
                 else round(now - self.paused_at, 3),
                 "reason": self._reason if self.paused else "",
-                "unstored_batches": len(self.unstored), "waiting_sends": len(self.waiting),
+                "unstored_batches": self.unstored_batches, "waiting_sends": len(self.waiting),
                 "episodes": self.stats.episodes, "failed_writes": self.stats.failed_writes,
                 "dropped_sends": self.stats.dropped_sends}
 
