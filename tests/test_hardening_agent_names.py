@@ -87,6 +87,15 @@ def test_agent_pool_named_like_a_host_and_class_like_an_address_never_reach_a_te
     # The operator still sees its hosts as the agents named them.
     assert {(h["host_id"], h["pool"]) for h in controller.request("hosts")} >= {
         ("evil1", HOST_LIKE_POOL)}
+    # A new pool is shown once the operator declares it and reloads.
+    agents.append(say_hello(ctx, controller, "new", "q", "H200"))
+    config = controller.config.read_text()
+    assert 'names = ["default",' in config
+    controller.config.write_text(config.replace('names = ["default",', 'names = ["q", "default",'))
+    controller.request("reload")
+    with tenant_feed(controller, ["pool/"], context=ctx) as feed:
+        wait_until(lambda: (message := feed.recv(timeout=1)) is not None
+                   and message.topic == "pool/q/H200", what="the declared pool's topic")
     for agent in agents:
         agent.close()
 
