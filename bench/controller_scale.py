@@ -217,6 +217,7 @@ def main() -> int:
             f'[controller]\nlisten = "{listen}"\nfeed = "tcp://127.0.0.1:{free_port()}"\n'
             f'admin_socket = "{work / "controller.sock"}"\ndatabase = "{work / "c.db"}"\n'
             f'log_level = "warning"\n[auth]\nkeys_dir = "{work / "keys"}"\n'
+            '[pools]\nnames = ["scale"]\ngpu_classes = ["H200"]\n'
         )
         admin = work / "controller.sock"
         nats = start_nats(work, set(cpus[1:]), cfg) if args.cluster else None

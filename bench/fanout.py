@@ -111,6 +111,7 @@ def main() -> int:
             f'admin_socket = "{work / "controller.sock"}"\ndatabase = "{work / "c.db"}"\n'
             'log_level = "warning"\n'
             "[redaction]\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
+            '[pools]\nnames = ["p", "default"]\ngpu_classes = ["H200"]\n'
             + keyring.controller_config()
         )
         tenants = [keyring.tenant(f"tenant-{i}") for i in range(TENANTS)]

@@ -64,7 +64,9 @@ def main() -> int:
         ctl_cfg.write_text(
             f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\n'
             f'admin_socket = "{work / "controller.sock"}"\ndatabase = "{work / "c.db"}"\n'
-            'log_level = "warning"\n' + keyring.controller_config()
+            'log_level = "warning"\n'
+            '[pools]\nnames = ["default"]\ngpu_classes = ["H200"]\n'
+            + keyring.controller_config()
         )
         fake = FakeNvml(work / "gpus.state", gpus=GPUS)
         fake.save()

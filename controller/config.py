@@ -20,7 +20,7 @@ from harmonaize.config import (
     OptionalPath,
     split_address,
 )
-from harmonaize.schema import Len, Name, Num, Str
+from harmonaize.schema import Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")
 
@@ -35,6 +35,9 @@ class ControllerSection:
     admin_group: Name = "harmonaize"
     database: AbsPath = "/var/lib/harmonaize/controller.db"
     log_level: LogLevel = LogLevel.INFO
+    #: Seconds between tries to write again while the database's disk is full (writing
+    #: and acknowledgements pause meanwhile; reads go on).
+    full_disk_retry: Annotated[float, Num(0.1, 3600.0)] = 5.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,31 @@ class AuthSection:
     mode: AuthMode = AuthMode.CURVE
     #: controller.key_secret, agents/<host>.key and tenants/<tenant>.key live here.
     keys_dir: AbsPath = "/etc/harmonaize/keys"
+
+
+@dataclass(frozen=True)
+class PoolsSection:
+    """``[pools]``: the pool and GPU-class names tenants may see (in topics
+    ``pool/<pool>/<class>`` and in capacity messages). A host's names come from its agent;
+    only names listed here reach a tenant, and as the controller's own strings. A host
+    reporting another name is left out of every tenant's capacity (its jobs' health
+    still counts it), counted and logged once per name. None are listed by default:
+    the operator declares each pool and class (and reloads) before tenants see it."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    names: Annotated[tuple[Ident, ...], Len(4096)] = ()
+    gpu_classes: Annotated[tuple[Ident, ...], Len(4096)] = ()
+
+
+@dataclass(frozen=True)
+class NoticesSection:
+    """``[notices]``: how many validation notices the controller keeps (each is stored
+    until an hour after its pause could have ended). A host's notice beyond either
+    bound is not passed on: counted and logged, the host's own plan goes on."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    per_host: Annotated[int, Num(1, 100_000)] = 256
+    per_job: Annotated[int, Num(1, 100_000)] = 64
 
 
 Origin = Annotated[str, Str(max_len=256, pattern=r"https?://[A-Za-z0-9.\[\]:-]+",
@@ -171,6 +199,8 @@ class ControllerConfig:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     #: Multi-host tuning: how the controller agrees changes with a job's hosts.
     tuning: AgreementSettings = field(default_factory=AgreementSettings)
+    pools: PoolsSection = field(default_factory=PoolsSection)
+    notices: NoticesSection = field(default_factory=NoticesSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:
@@ -198,7 +228,8 @@ def reloaded(old: ControllerConfig,
         ("cluster", old.cluster, new.cluster),
     ) if before != after]
     running = dataclasses.replace(
-        new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level),
+        new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level,
+                                            full_disk_retry=new.controller.full_disk_retry),
         feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
                                  socket_buffer=old.feed.socket_buffer),
         auth=old.auth, metrics=old.metrics, gateway=old.gateway, cluster=old.cluster)

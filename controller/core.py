@@ -30,9 +30,11 @@ agreement's choice is one of its own names, a declaration reaches a host with
 the placement's group. Bad input is counted and logged in one line (at most a
 burst per window), and the core keeps going.
 
-(Just over 400 lines: agents' and tenants' messages share the held sends and the
-Commit that releases them, so they stay one class; declarations, the feed and
-the operator views are modules of their own.)
+(About 600 lines: agents' and tenants' messages share the held sends and the
+Commit that releases them, and the rules that bind them (notices to their
+placement, their bounds, what is refused while the disk is full) act on that
+same state, so they stay one class; declarations, notices, the feed and the
+operator views are modules of their own.)
 """
 
 from __future__ import annotations
@@ -66,9 +68,10 @@ from controller.outputs import (
     Writes,
 )
 from controller.publications import Publications
-from controller.redaction import Redactor
+from controller.redaction import PoolNames, Redactor
 from controller.types import Placement
 from harmonaize.messages import (
+    Category,
     Envelope,
     ErrorCode,
     Hello,
@@ -94,6 +97,8 @@ log = logging.getLogger("harmonaize.controller")
 #: Rejected frames logged per window; all of them are counted.
 REJECT_LOG_BURST = 10
 REJECT_LOG_WINDOW = 10.0
+#: Undeclared pool and class names logged (each once) before the log says no more.
+MAX_HELD_BACK_TOLD = 1000
 #: Seconds between prunings of old host events and of the feed log beyond its retention.
 FEED_PRUNE_INTERVAL = 60.0
 #: A host silent for longer than this many of its heartbeat intervals gets no new arm.
@@ -110,6 +115,9 @@ class ControllerCore:
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(list(restored.hosts), now)
         self.redactor = Redactor(cfg.redaction, rng or random.Random())
+        self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
+        #: (pool, class) names agents reported that are not declared, each logged once.
+        self._held_back_told: set[tuple[str, str]] = set()
         for topic, (_, frame, _) in restored.latest.items():
             try:
                 self.redactor.restore(topic, decode(frame).body)
@@ -129,6 +137,7 @@ class ControllerCore:
         self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))
+        self._forget_undeclared_pools()
         self.frames = 0
         self.rejected: Counter[str] = Counter()
         self._reject_window = (-math.inf, 0)
@@ -144,6 +153,10 @@ class ControllerCore:
         self._expiry_checked = -math.inf
         self._next_republish = now + cfg.feed.republish
         self._next_prune = now + FEED_PRUNE_INTERVAL
+        #: Set by the shell while its disk is full: nothing new can be stored, so agents'
+        #: sequenced messages are left unapplied (unacknowledged: they come again) and
+        #: tenants' writes are refused with "try later".
+        self.storage_paused = False
 
     # --- the interface ----------------------------------------------------------------
 
@@ -220,9 +233,16 @@ class ControllerCore:
         """The scheduler placed a job (or moved it): what tenants see follows at once."""
         self._now = now
         previous = self.redactor.placements.get(placement.job)
+        placement = self._numbered(placement, previous)
         if previous is not None and previous.tenant != placement.tenant:
             # A job id now belongs to someone else: the old owner's declaration is void.
             self._withdraw(placement.job)
+        if previous is not None and previous.generation != placement.generation:
+            # What was issued for the old placement is not the new one's to answer.
+            voided = self.notices.forget_job(placement.job)
+            if voided:
+                log.info("job %s placed anew: %d validation notice(s) of its previous "
+                         "placement withdrawn", placement.job, voided)
         self._placements[placement.job] = placement
         self.redactor.place(placement)
         self.agreement.set_hosts(placement.job, placement.hosts)
@@ -232,6 +252,17 @@ class ControllerCore:
         if declared is not None:
             self._forward(declared[1])  # hosts the job has moved to learn it now
         return self._release()
+
+    @staticmethod
+    def _numbered(placement: Placement, previous: Placement | None) -> Placement:
+        """The placement with its generation: the previous one's when nothing changed (a
+        scheduler saying it again), else the next."""
+        if previous is None:
+            return dataclasses.replace(placement, generation=1)
+        if (previous.tenant, previous.members, previous.group) == (
+                placement.tenant, placement.members, placement.group):
+            return dataclasses.replace(placement, generation=previous.generation)
+        return dataclasses.replace(placement, generation=previous.generation + 1)
 
     def unplace(self, job: str, now: float) -> list[Output]:
         """The job ended: its declaration, placement and tuning state go."""
@@ -255,6 +286,11 @@ class ControllerCore:
         if cfg.redaction != old.redaction:
             self.redactor.cfg = cfg.redaction
             self.cluster.changed = True  # recompute what tenants see under the new rules
+        if cfg.pools != old.pools:
+            self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
+            self._held_back_told.clear()
+            self._forget_undeclared_pools()
+            self.cluster.changed = True
         self.agreement.settings = cfg.tuning
 
     def close(self) -> list[Output]:
@@ -276,6 +312,9 @@ class ControllerCore:
             self._reject("identity", f"key of {peer.host!r} used to speak for "
                          f"{message.sender!r:.60}", now)
             return []
+        if self.storage_paused and message.body.CATEGORY is not Category.CONTROL:
+            self.cluster.counters["unapplied_disk_full"] += 1
+            return []
         at_once: list[Output] = []
         for reply in self.cluster.receive(peer.conn, message, now):
             send = SendToAgent(reply.conn, reply.body)
@@ -291,12 +330,17 @@ class ControllerCore:
 
     def _reject(self, reason: str, detail: str, now: float) -> None:
         self.rejected[reason] += 1
+        if self._may_log(now):
+            log.warning("rejected a frame (%s): %s", reason, detail)
+
+    def _may_log(self, now: float) -> bool:
+        """Whether an agent's bad input may be logged now (a burst per window; every one
+        is counted), so that no agent can flood the log."""
         start, count = self._reject_window
         if now - start > REJECT_LOG_WINDOW:
             start, count = now, 0
-        if count < REJECT_LOG_BURST:
-            log.warning("rejected a frame (%s): %s", reason, detail)
         self._reject_window = (start, count + 1)
+        return count < REJECT_LOG_BURST
 
     def _publish_changes(self, now: float, wall: float) -> None:
         """Feed the agreement and the redactor what changed; stage what they let out."""
@@ -313,18 +357,46 @@ class ControllerCore:
                 # Acknowledged to the host (it was delivered) but not passed on: a host
                 # speaking for a job it does not run, or beyond what the job allows.
                 self.cluster.counters[f"job_message_{refused}"] += 1
-                log.warning("host %s: %s for job %r not passed on (%s)", host_id,
-                            advisory.KIND, advisory.job, refused.replace("_", " "))
+                if self._may_log(now):
+                    log.warning("host %s: %s for job %.60r not passed on (%s)", host_id,
+                                advisory.KIND, advisory.job, refused.replace("_", " "))
         self._staged = False
         if self.cluster.changed:
             self.cluster.changed = False
             self.redactor.observe(self.cluster.views(), now)
+            self._tell_held_back()
         for publication in self.redactor.due(now):
             body = publication.body
             if isinstance(body, PoolCapacity):
                 log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
                          body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
             self._held += self.feed.publish(body, publication.topic, wall)
+
+    def _forget_undeclared_pools(self) -> None:
+        """Pool topics whose names are not declared are neither republished nor given to
+        new subscribers (names an agent made up, kept by an older version, or taken out
+        of [pools] by a reload)."""
+        names = self.redactor.names
+        assert names is not None
+        gone = set(self.redactor.forget_undeclared())
+        for topic in [t for t in self.feed.latest if t.startswith("pool/")]:
+            if not names.declares(topic):
+                del self.feed.latest[topic]
+                gone.add(topic)
+        if gone:
+            log.warning("%d pool topic(s) whose names [pools] does not declare are no longer "
+                        "published", len(gone))
+
+    def _tell_held_back(self) -> None:
+        """Count and log, once each, the undeclared names hosts were left out for."""
+        for names in self.redactor.held_back.keys() - self._held_back_told:
+            if len(self._held_back_told) >= MAX_HELD_BACK_TOLD:
+                break  # the counter goes on; the log and the memory do not
+            self._held_back_told.add(names)
+            self.cluster.counters["pool_names_held_back"] += 1
+            log.warning("hosts report pool %.60r and GPU class %.60r, which [pools] does not "
+                        "declare: left out of every tenant's capacity (declare them in "
+                        "pools.names and pools.gpu_classes, then reload)", *names)
 
     def _notice(self, host_id: str, notice: ValidationNotice,
                 declared: tuple[str, JobDeclaration] | None, now: float,
@@ -335,15 +407,19 @@ class ControllerCore:
         # Hosts before answerable notices sent no plan id: each notice stands alone.
         plan = notice.id or f"@{notice.starts_at}"
         notice_id = self.notices.id_for(host_id, plan, notice.job)
+        if self.notices.get(notice_id) is None and self.notices.full(
+                host_id, notice.job, self.cfg.notices.per_host, self.cfg.notices.per_job):
+            return "too_many_notices"
         body = self.redactor.notice(
             host_id, notice, now, wall, declared[1].max_validation_pause if declared else None,
             notice_id=notice_id, defer_seconds=self.notices.defer_left(notice_id, max_defer),
             max_defer=max_defer)
         if isinstance(body, str):
             return body
-        tenant = self.redactor.placements[notice.job].tenant
-        self.notices.record(Notice(notice_id, tenant, notice.job, host_id, plan, body.status,
-                                   body.not_before, body.pause_seconds))
+        placement = self.redactor.placements[notice.job]
+        self.notices.record(Notice(notice_id, placement.tenant, notice.job, host_id, plan,
+                                   body.status, body.not_before, body.pause_seconds,
+                                   placement=placement.generation))
         return None
 
     def _reachable(self, now: float) -> set[str]:
@@ -417,6 +493,11 @@ class ControllerCore:
         if isinstance(body, Subscribe):
             # About stored state only: the feed's numbers move in tick(), committed at once.
             return self.feed.subscribe(peer, body, now)
+        if self.storage_paused and isinstance(body, JobDeclaration | ValidationAnswer):
+            stats["refused_disk_full"] += 1
+            return [AnswerTenant(peer.peer, Reply(
+                message.seq, False, "the controller cannot store anything now (its disk is "
+                "full): try again later", ErrorCode.UNAVAILABLE.value))]
         if isinstance(body, JobDeclaration):
             error = self._declare(peer.tenant, body)
         elif isinstance(body, ValidationAnswer):
@@ -453,7 +534,8 @@ class ControllerCore:
         declared = self.declarations.get(notice.job) if notice is not None else None
         max_defer = (declared[1].max_validation_defer
                      if declared is not None and declared[0] == tenant else 0.0)
-        result = self.notices.answer(tenant, answer, max_defer)
+        result = self.notices.answer(tenant, answer, max_defer, None if notice is None
+                                     else self.redactor.placements.get(notice.job))
         if isinstance(result, tuple):
             self.feed.stats["refused_notice_answers"] += 1
             log.warning("refused an answer to a validation notice from %r: %s",

@@ -16,13 +16,22 @@ start later, once per notice, by at most the declaration's
 ``max_validation_defer``; a started or cancelled notice takes no answer.
 Records are kept (and stored) until an hour after the pause could have ended,
 so a late answer is told the notice started rather than that it never existed.
+
+A notice belongs to the placement it was issued for (the job, its tenant and the
+placement's generation): when the job is placed anew (for another tenant, or for
+the same one on other members) its notices are void. They are dropped, never sent
+to a host again, and an answer to one gets the very refusal an unknown id gets, so
+nobody learns that it existed; the host's next notice of the same plan is a new
+notice, for the new placement's tenant.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, replace
 
+from controller.types import Placement
 from harmonaize.messages import (
     ErrorCode,
     NoticeAction,
@@ -52,6 +61,14 @@ class Notice:
     approved: bool = False
     #: Seconds the tenant deferred it by (0: not deferred).
     deferred: float = 0.0
+    #: The generation of the job's placement it was issued for.
+    placement: int = 0
+
+    def belongs_to(self, placement: Placement | None) -> bool:
+        """Whether ``placement`` (the job's current one) is the one it was issued for."""
+        return (placement is not None and placement.job == self.job
+                and placement.tenant == self.tenant
+                and placement.generation == self.placement)
 
     @property
     def forget_at(self) -> float:
@@ -67,14 +84,16 @@ class Notice:
     def to_plain(self) -> dict[str, object]:
         return {"id": self.id, "tenant": self.tenant, "job": self.job, "host": self.host,
                 "plan": self.plan, "status": self.status.value, "not_before": self.not_before,
-                "pause": self.pause, "approved": self.approved, "deferred": self.deferred}
+                "pause": self.pause, "approved": self.approved, "deferred": self.deferred,
+                "placement": self.placement}
 
     @classmethod
     def from_plain(cls, value: dict[str, object]) -> Notice:
         return cls(str(value["id"]), str(value["tenant"]), str(value["job"]),
                    str(value["host"]), str(value["plan"]), NoticeStatus(value["status"]),
                    float(value["not_before"]), float(value["pause"]),  # type: ignore[arg-type]
-                   bool(value["approved"]), float(value["deferred"]))  # type: ignore[arg-type]
+                   bool(value["approved"]), float(value["deferred"]),  # type: ignore[arg-type]
+                   int(value.get("placement", 0)))  # type: ignore[call-overload]
 
 
 class Notices:
@@ -84,6 +103,9 @@ class Notices:
         self._by_plan = {(n.host, n.plan, n.job): n.id for n in restored}
         self._rng = rng or random.Random()
         self._dirty: dict[str, Notice | None] = {}
+        #: Records kept per host and per job (bounded by the configuration).
+        self._per_host = Counter(n.host for n in restored)
+        self._per_job = Counter(n.job for n in restored)
 
     def id_for(self, host: str, plan: str, job: str) -> str:
         """The tenant's id of a host's plan for one job (a new one the first time: random,
@@ -99,19 +121,24 @@ class Notices:
     def record(self, notice: Notice) -> None:
         """The host's notice as the tenant was told it (its answers are kept)."""
         old = self.by_id.get(notice.id)
-        if old is not None:
+        if old is not None and old.placement == notice.placement:
             notice = replace(notice, approved=old.approved, deferred=old.deferred)
         self._put(notice)
+
+    def full(self, host: str, job: str, per_host: int, per_job: int) -> bool:
+        """Whether the host or the job has as many notices as may be kept."""
+        return self._per_host[host] >= per_host or self._per_job[job] >= per_job
 
     def get(self, notice_id: str) -> Notice | None:
         return self.by_id.get(notice_id)
 
-    def answer(self, tenant: str, answer: ValidationAnswer, max_defer: float
-               ) -> tuple[ErrorCode, str] | ValidationDecision:
+    def answer(self, tenant: str, answer: ValidationAnswer, max_defer: float,
+               placement: Placement | None) -> tuple[ErrorCode, str] | ValidationDecision:
         """A tenant's answer: the decision for the host, or why it is refused.
-        ``max_defer`` is the job's declared ``max_validation_defer``."""
+        ``max_defer`` is the job's declared ``max_validation_defer``, ``placement`` the
+        job's placement now (the notice's own, or the answer is refused)."""
         notice = self.by_id.get(answer.notice)
-        if notice is None or notice.tenant != tenant:
+        if notice is None or notice.tenant != tenant or not notice.belongs_to(placement):
             # The same answer for "not yours" and "no such notice": no probing.
             return ErrorCode.NO_SUCH_NOTICE, f"no validation notice {answer.notice!r} of yours"
         if notice.status is not NoticeStatus.SCHEDULED:
@@ -152,9 +179,12 @@ class Notices:
         return sorted((n for n in self.by_id.values() if n.tenant == tenant),
                       key=lambda n: (n.not_before, n.id))
 
-    def forget_job(self, job: str) -> None:
-        for notice in [n for n in self.by_id.values() if n.job == job]:
+    def forget_job(self, job: str) -> int:
+        """Drop the job's notices (it ended, or was placed anew); how many there were."""
+        gone = [n for n in self.by_id.values() if n.job == job]
+        for notice in gone:
             self._drop(notice)
+        return len(gone)
 
     def expire(self, wall: float) -> None:
         for notice in [n for n in self.by_id.values() if n.forget_at < wall]:
@@ -165,10 +195,17 @@ class Notices:
         return dirty
 
     def _put(self, notice: Notice) -> None:
+        if notice.id not in self.by_id:
+            self._per_host[notice.host] += 1
+            self._per_job[notice.job] += 1
         self.by_id[notice.id] = self._dirty[notice.id] = notice
         self._by_plan[(notice.host, notice.plan, notice.job)] = notice.id
 
     def _drop(self, notice: Notice) -> None:
         del self.by_id[notice.id]
+        for counts, key in ((self._per_host, notice.host), (self._per_job, notice.job)):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]
         self._by_plan.pop((notice.host, notice.plan, notice.job), None)
         self._dirty[notice.id] = None

@@ -18,6 +18,9 @@ Rules, each with a documented default in :class:`RedactionConfig`:
   buckets, a trend that is the direction of the last bucket move, and no faster than
   one update per ``min_interval`` seconds plus a random ``jitter``, so the timing of a
   change does not point at one host.
+* Pool and GPU-class names are the operator's (:class:`PoolNames`, from the
+  controller's ``[pools]``): a host whose agent reports any other name is left out of
+  every pool's capacity, so no name an agent made up becomes a tenant's topic.
 * Job-scoped messages (checkpoint advice, which members are degraded or
   lost, congestion on the job's paths) go to the owning tenant only, naming
   members in the tenant's own terms and never a host or an address.
@@ -34,7 +37,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, ClassVar
@@ -177,6 +181,29 @@ def job_topic(tenant: str, job: str) -> str:
     return f"job/{tenant}/{job}/"
 
 
+@dataclass(frozen=True)
+class PoolNames:
+    """The pool and GPU-class names an operator declared: the only ones a tenant sees,
+    and always as these strings (never the agent's own)."""
+
+    pools: Mapping[str, str]
+    classes: Mapping[str, str]
+
+    @classmethod
+    def of(cls, pools: Iterable[str], classes: Iterable[str]) -> PoolNames:
+        return cls({p: p for p in pools}, {c: c for c in classes})
+
+    def own(self, pool: str, gpu_class: str) -> tuple[str, str] | None:
+        """The declared names for what an agent reported; None: not declared."""
+        ours = self.pools.get(pool), self.classes.get(gpu_class)
+        return None if ours[0] is None or ours[1] is None else (ours[0], ours[1])
+
+    def declares(self, topic: str) -> bool:
+        """Whether a pool topic (``pool/<pool>/<class>``) is of declared names."""
+        parts = topic.split("/")
+        return len(parts) == 3 and self.own(parts[1], parts[2]) is not None
+
+
 @dataclass
 class _Topic:
     current: Message | None = None       # what subscribers have been told
@@ -203,6 +230,11 @@ class Redactor:
     _hosts: list[HostState] = field(default_factory=list)
     _pools: set[tuple[str, str]] = field(default_factory=set)
     _next_release: dict[str, float] = field(default_factory=dict)
+    #: The names tenants may see (None: every name, as the simulator's own hosts have).
+    names: PoolNames | None = None
+    #: Hosts left out of capacity at the last observation, by the (pool, class) their
+    #: agents reported.
+    held_back: Counter[tuple[str, str]] = field(default_factory=Counter)
 
     # --- inputs ---------------------------------------------------------------------
 
@@ -244,10 +276,11 @@ class Redactor:
         if self.cfg.mode is Mode.NONE:
             return
         hosts = list(hosts)
+        named = self._named(hosts)
         if self.cfg.mode is Mode.PRIVATE:
-            self._private_truth(hosts, now)
+            self._private_truth(named, now)
         else:
-            self._capacity(hosts, now)
+            self._capacity(named, now)
         by_id = {h.host_id: h for h in hosts}
         placements = self.placements.values() if jobs is None else [
             p for job in jobs if (p := self.placements.get(job)) is not None]
@@ -322,6 +355,34 @@ class Redactor:
             return "not_placed_here"
         wanted = set(named)
         return placement, tuple(sorted(n for n in here if n in wanted) or sorted(here))
+
+    def forget_undeclared(self) -> list[str]:
+        """Drop every pool topic whose names are not declared (any more); their topics."""
+        if self.names is None:
+            return []
+        gone = []
+        for topic in [t for t in set(self._topics) | set(self._next_release)
+                      if t.startswith("pool/")]:
+            if not self.names.declares(topic):
+                gone.append(topic)
+                self._topics.pop(topic, None)
+                self._trend.pop(topic, None)
+                self._next_release.pop(topic, None)
+        self._pools = {key for key in self._pools if self.names.own(*key) is not None}
+        return sorted(gone)
+
+    def _named(self, hosts: list[HostState]) -> list[HostState]:
+        """The hosts whose pool and class are declared, under the declared strings."""
+        if self.names is None:
+            return hosts
+        named, self.held_back = [], Counter()
+        for host in hosts:
+            own = self.names.own(host.pool, host.gpu_class)
+            if own is None:
+                self.held_back[(host.pool, host.gpu_class)] += 1
+            else:
+                named.append(replace(host, pool=own[0], gpu_class=own[1]))
+        return named
 
     # --- outputs --------------------------------------------------------------------
 

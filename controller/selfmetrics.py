@@ -98,6 +98,13 @@ def collect(server: ControllerServer) -> list[Family]:
             len(core.redactor.placements)),
         tuning,
         changes,
+        gauge(f"{P}_storage_paused", "1 while the database's disk is full: writing and "
+              "acknowledgements pause, reads go on.").add(int(server.writer.paused)),
+        counter(f"{P}_storage_full_total", "Times writing paused for a full disk.").add(
+            server.writer.stats.episodes),
+        counter(f"{P}_storage_failed_writes_total",
+                "Batches that found no room on disk (first tries and retries).").add(
+            server.writer.stats.failed_writes),
     ]
     for key, (name, help_text) in FEED_COUNTERS.items():
         families.append(counter(f"{P}_{name}", help_text).add(core.feed.stats.get(key, 0)))

@@ -23,9 +23,10 @@ may have gone silent, a capacity update held back by its interval and jitter,
 an agreement timeout or resend, a subscription's renewal, republication,
 pruning), or until new input may have moved it.
 
-(A little over 400 lines: the sockets, the three loops, executing the core's
-outputs, reload and the operator socket's wiring are one shell, and all of it
-is I/O; what it decides is the core's.)
+(Near 600 lines: the sockets, the three loops, executing the core's outputs,
+reload and the operator socket's wiring are one shell, and all of it is I/O;
+what it decides is the core's, and pausing writes on a full disk is
+controller/writeback.py's.)
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
+import sqlite3
 import time
 from collections.abc import Coroutine
 from dataclasses import asdict
@@ -70,6 +73,7 @@ from controller.outputs import (
 )
 from controller.publications import SENDER
 from controller.store import Store, StoreError
+from controller.writeback import Writer
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
 from harmonaize.logs import one_line
@@ -141,6 +145,8 @@ class ControllerServer:
             raise RuntimeError(f"controller.database: {exc}") from None
         self.core = ControllerCore(cfg, time.monotonic(), self.store.restored(),
                                    rng=random.Random())
+        #: Commits, paused while the disk is full (controller/writeback.py).
+        self.writer = Writer(self.store, cfg.controller.full_disk_retry)
         self._ctx = zmq.asyncio.Context()
         self._stop = asyncio.Event()
         #: Set when input may have moved the core's next deadline.
@@ -253,6 +259,10 @@ class ControllerServer:
             if self.gateway is not None:
                 await self.gateway.close()
             self._execute(self.core.close())
+            if self.writer.unstored is not None:
+                log.warning("stopping with %d batch(es) that found no room on disk: nothing "
+                            "of them was acknowledged; agents send them again",
+                            self.writer.unstored_batches)
             await self.admin.close()
             if self.metrics is not None:
                 await self.metrics.close()
@@ -328,7 +338,12 @@ class ControllerServer:
         """Sleep until the core's next deadline, or until input may have moved it."""
         while True:
             self._wake.clear()
+            if self.writer.paused and time.monotonic() >= self.writer.next_retry:
+                self._try_writing_again()
             deadline = self.core.next_deadline()
+            if self.writer.paused:  # on its own deadline: no busy loop while the disk is full
+                deadline = min(math.inf if deadline is None else deadline,
+                               self.writer.next_retry)
             delay = None if deadline is None else deadline - time.monotonic()
             if delay is None or delay > 0:
                 with contextlib.suppress(TimeoutError):
@@ -351,9 +366,25 @@ class ControllerServer:
         return None
 
     def _execute(self, outputs: list[Output]) -> None:
-        """In order: a Commit is stored before anything after it goes out."""
+        """In order: a Commit is stored before anything after it goes out. While the disk
+        is full, what depends on unstored state waits (controller/writeback.py)."""
         gateway = self.gateway
+        writer = self.writer
+        now = time.monotonic()
+        unstored_before = False  # a Commit of these outputs found no room
         for out in outputs:
+            if isinstance(out, Commit):
+                unstored_before |= not writer.commit(out.writes, now)
+                continue
+            if isinstance(out, Prune):
+                writer.prune(out, now)
+                continue
+            if unstored_before or (writer.paused and isinstance(out, SendToAgent
+                                                                 | SendToTenant)):
+                # Answers to tenants' requests (reads, "try later") and replays of the
+                # stored feed still go out; acknowledgements and publications wait.
+                writer.hold(out)
+                continue
             if isinstance(out, SendToAgent):
                 self._send(out.conn, out.message)
             elif isinstance(out, SendToTenant):
@@ -362,8 +393,6 @@ class ControllerServer:
                 else:
                     self.core.delivered(out, self._to_tenant(out.peer, out.topic.encode(),
                                                              out.frame))
-            elif isinstance(out, Commit):
-                self.store.commit(out.writes)
             elif isinstance(out, AnswerTenant):
                 if gateway is not None and gateway.ours(out.peer):
                     self.core.delivered(out, gateway.answer(out.peer, out.message))
@@ -375,10 +404,15 @@ class ControllerServer:
                                                   out.retained_from):
                     self.core.delivered(SendToTenant(out.peer, out.topic, frame),
                                         self._to_tenant(out.peer, out.topic.encode(), frame))
-            elif isinstance(out, Prune):
-                self.store.prune_events()
-                self.store.prune_feed(out.retention)
+        self.core.storage_paused = writer.paused
         self._wake.set()
+
+    def _try_writing_again(self) -> None:
+        """The disk was full: store what was kept, then send what waited for it."""
+        waiting = self.writer.try_again(time.monotonic())
+        if waiting is not None:
+            self.core.storage_paused = False
+            self._execute(waiting)
 
     def _send(self, conn: bytes, body: Any) -> None:
         assert self.router is not None
@@ -418,6 +452,7 @@ class ControllerServer:
         if later:
             log.warning("changes to %s take effect at the next restart", ", ".join(later))
         self.core.reconfigure(self.cfg)
+        self.writer.retry = self.cfg.controller.full_disk_retry
         self._wake.set()  # the deadlines may have moved
         logging.getLogger().setLevel(new.controller.log_level.value.upper())
         self.notifier.notify("READY=1", f"STATUS={len(self.core.cluster.hosts)} known hosts")
@@ -476,6 +511,9 @@ class ControllerServer:
                                   for name, port in self.ports.items()},
             "ports": {name: port.view() for name, port in self.ports.items()},
             "descriptors": descriptors(),
+            "storage": self.writer.view(time.monotonic()),
+            # Hosts left out of tenants' capacity: their pool or class is not in [pools].
+            "held_back_hosts": sum(self.core.redactor.held_back.values()),
             "admin_socket": asdict(self.admin.stats),
             "gateway": self.gateway.view() if self.gateway is not None else None,
         }
@@ -495,38 +533,60 @@ class ControllerServer:
     def _tenant_keys(self) -> set[str] | None:
         return set(self.zap.lists[TENANTS].names()) if self.zap is not None else None
 
+    def _writable(self) -> None:
+        """Refuse an operator's change while the disk is full (nothing could store it)."""
+        if self.writer.paused:
+            raise CommandError("the controller's disk is full, nothing can be stored now: "
+                               "try again later (harmonctl -C status: storage)")
+
+    def _stored(self) -> None:
+        """After a change: say so if its commit found no room (it is kept, in memory)."""
+        if self.writer.paused:
+            raise CommandError("taken, but the controller's disk is full: it is stored once "
+                               "there is room, and lost if the controller stops before")
+
     def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
             placement = views.placement(args)
         except SchemaError as exc:
             raise CommandError(str(exc)) from None
+        self._writable()
         self._execute(self.core.place(placement, time.monotonic(), time.time()))
+        self._stored()
         return {"job": placement.job, "members": len(placement.members)}
 
     def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
         job = args.get("job")
         if not isinstance(job, str) or job not in self.core.redactor.placements:
             raise CommandError("job must name a placed job")
+        self._writable()
         self._execute(self.core.unplace(job, time.monotonic()))
+        self._stored()
         return {"job": job}
 
     async def _cmd_tokens(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         return await self.tokens.listed(time.time())
 
     async def _cmd_token_issue(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._writable()
         try:
             issued = await self.tokens.issue(args.get("tenant"), args.get("days", 90),
                                              args.get("note", ""), time.time())
         except TokenError as exc:
             raise CommandError(str(exc)) from None
+        except sqlite3.OperationalError as exc:  # a full disk, found by this very write
+            raise CommandError(f"not stored: {exc}; try again later") from None
         log.info("issued token %s for tenant %r", issued["id"], issued["tenant"])
         return issued
 
     async def _cmd_token_revoke(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._writable()
         try:
             tenant = await self.tokens.revoke(args.get("id"), time.time())
         except TokenError as exc:
             raise CommandError(str(exc)) from None
+        except sqlite3.OperationalError as exc:  # a full disk, found by this very write
+            raise CommandError(f"not stored: {exc}; try again later") from None
         ended = self.gateway.revoked(args["id"]) if self.gateway is not None else 0
         log.info("revoked token %s of tenant %r (%d streams ended)", args["id"], tenant, ended)
         return {"revoked": args["id"], "tenant": tenant, "streams_ended": ended}

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import shutil
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgpack
@@ -106,6 +109,32 @@ CREATE TABLE IF NOT EXISTS host_events (
 
 class StoreError(RuntimeError):
     """The database cannot be used as it is; the message names the file and the way out."""
+
+
+class StoreFull(StoreError):
+    """A write found no room (SQLITE_FULL, or an I/O error on a full file system): nothing
+    of it was stored, and the same write may be tried again once there is room."""
+
+
+#: SQLite's primary result codes for "full" and "I/O error" (extended codes keep these
+#: in their low byte).
+SQLITE_FULL, SQLITE_IOERR = 13, 10
+#: Below this many free bytes an I/O error on the database's file system is taken for a
+#: full disk (SQLite reports ENOSPC on some writes as SQLITE_IOERR_WRITE).
+NEARLY_FULL = 1 << 20
+
+
+def _no_room(path: Path, exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` means the database's file system has no room."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code == SQLITE_FULL:
+        return True
+    if code != SQLITE_IOERR:
+        return False
+    try:
+        return shutil.disk_usage(path.parent).free < NEARLY_FULL
+    except OSError:
+        return False
 
 
 class Store:
@@ -239,8 +268,10 @@ class Store:
             # Schema 2 stored the member list alone; 3 an object with the group.
             group = raw.get("group", "") if isinstance(raw, dict) else ""
             listed = raw.get("members", []) if isinstance(raw, dict) else raw
+            generation = raw.get("generation", 0) if isinstance(raw, dict) else 0
             placements.append(Placement(job, tenant, tuple(
-                Member(name, host) for name, host in listed), group))
+                Member(name, host) for name, host in listed), group,
+                generation if isinstance(generation, int) else 0))
         return placements
 
     def load_feed_seqs(self) -> dict[str, int]:
@@ -313,7 +344,7 @@ class Store:
 
     def prune_feed(self, keep: int) -> int:
         """Keep the newest ``keep`` messages per topic (sequence numbers have no holes)."""
-        with self.db:
+        with self._room():
             # Where each topic was pruned to, in its stream: a resume from before it
             # lost something (lost_after).
             self.db.execute(
@@ -335,81 +366,101 @@ class Store:
                         feed_epoch=self.feed_epoch, notices=tuple(self.load_notices()),
                         feed_offsets=self.load_feed_offsets())
 
-    def commit(self, writes: Writes) -> None:
-        """Store one batch in one transaction (before anything that depends on it is sent)."""
-        if not writes:
+    @contextmanager
+    def _room(self) -> Iterator[None]:
+        """One transaction; a full disk rolls it back and raises :class:`StoreFull`."""
+        try:
+            with self.db:
+                yield
+        except sqlite3.Error as exc:
+            if not _no_room(self.path, exc):
+                raise
+            if self.db.in_transaction:
+                self.db.rollback()
+            raise StoreFull(f"{self.path}: no room to write ({exc})") from None
+
+    def commit(self, *batches: Writes) -> None:
+        """Store batches in one transaction, in order (before anything that depends on
+        them is sent); :class:`StoreFull` when the disk has no room, with nothing stored."""
+        batches = tuple(b for b in batches if b)
+        if not batches:
             return
-        with self.db:
+        with self._room():
             self.db.execute("BEGIN")
-            self.db.executemany(
-                "INSERT OR REPLACE INTO hosts (host_id, pool, gpu_class, gpus, version, epoch,"
-                " last_seq, heartbeat, alive, down_reason, summary)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        h.host_id, h.pool, h.gpu_class, h.gpus, h.version, h.epoch, h.last_seq,
-                        h.heartbeat, int(h.alive), h.down_reason,
-                        None if h.summary is None else msgpack.packb(to_plain(h.summary)),
-                    )
-                    for h in writes.hosts
-                ],
-            )
-            self.db.executemany(
-                "INSERT INTO host_events (host_id, epoch, seq, time, reason, severity, message)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (e.host_id, e.epoch, e.seq, e.time, e.body.reason, e.body.severity.value,
-                     e.body.message)
-                    for e in writes.events
-                ],
-            )
-            self.db.executemany(
-                "INSERT INTO feed_topics (topic, seq) VALUES (?, ?)"
-                " ON CONFLICT (topic) DO UPDATE SET seq = excluded.seq",
-                list(writes.feed_seqs.items()),
-            )
-            self.db.executemany(
-                "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame, stream, offset)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.topic, e.seq, int(e.condition), e.frame, e.stream, e.offset)
-                 for e in writes.feed_log],
-            )
-            self.db.executemany(
-                "INSERT OR REPLACE INTO feed_streams (stream, offset) VALUES (?, ?)",
-                list(writes.feed_offsets.items()),
-            )
-            for job, declared in writes.declarations.items():
-                if declared is None:
-                    self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
-                else:
-                    tenant, declaration = declared
-                    self.db.execute("INSERT OR REPLACE INTO declarations (job, tenant, body)"
-                                    " VALUES (?, ?, ?)",
-                                    (job, tenant, msgpack.packb(to_plain(declaration))))
-            for job, placement in writes.placements.items():
-                if placement is None:
-                    self.db.execute("DELETE FROM placements WHERE job = ?", (job,))
-                else:
-                    members = json.dumps({"members": [[m.name, m.host_id]
-                                                      for m in placement.members],
-                                          "group": placement.group})
-                    self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
-                                    " VALUES (?, ?, ?)", (job, placement.tenant, members))
-            for notice_id, notice in writes.notices.items():
-                if notice is None:
-                    self.db.execute("DELETE FROM notices WHERE id = ?", (notice_id,))
-                else:
-                    self.db.execute("INSERT OR REPLACE INTO notices (id, state) VALUES (?, ?)",
-                                    (notice_id, json.dumps(notice.to_plain(), sort_keys=True)))
-            for job, state in writes.tuning.items():
-                if state is None:
-                    self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
-                else:
-                    self.db.execute("INSERT OR REPLACE INTO tuning (job, state) VALUES (?, ?)",
-                                    (job, json.dumps(state, sort_keys=True)))
+            for writes in batches:
+                self._write(writes)
+
+    def _write(self, writes: Writes) -> None:
+        self.db.executemany(
+            "INSERT OR REPLACE INTO hosts (host_id, pool, gpu_class, gpus, version, epoch,"
+            " last_seq, heartbeat, alive, down_reason, summary)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    h.host_id, h.pool, h.gpu_class, h.gpus, h.version, h.epoch, h.last_seq,
+                    h.heartbeat, int(h.alive), h.down_reason,
+                    None if h.summary is None else msgpack.packb(to_plain(h.summary)),
+                )
+                for h in writes.hosts
+            ],
+        )
+        self.db.executemany(
+            "INSERT INTO host_events (host_id, epoch, seq, time, reason, severity, message)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (e.host_id, e.epoch, e.seq, e.time, e.body.reason, e.body.severity.value,
+                 e.body.message)
+                for e in writes.events
+            ],
+        )
+        self.db.executemany(
+            "INSERT INTO feed_topics (topic, seq) VALUES (?, ?)"
+            " ON CONFLICT (topic) DO UPDATE SET seq = excluded.seq",
+            list(writes.feed_seqs.items()),
+        )
+        self.db.executemany(
+            "INSERT OR REPLACE INTO feed_log (topic, seq, condition, frame, stream, offset)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(e.topic, e.seq, int(e.condition), e.frame, e.stream, e.offset)
+             for e in writes.feed_log],
+        )
+        self.db.executemany(
+            "INSERT OR REPLACE INTO feed_streams (stream, offset) VALUES (?, ?)",
+            list(writes.feed_offsets.items()),
+        )
+        for job, declared in writes.declarations.items():
+            if declared is None:
+                self.db.execute("DELETE FROM declarations WHERE job = ?", (job,))
+            else:
+                tenant, declaration = declared
+                self.db.execute("INSERT OR REPLACE INTO declarations (job, tenant, body)"
+                                " VALUES (?, ?, ?)",
+                                (job, tenant, msgpack.packb(to_plain(declaration))))
+        for job, placement in writes.placements.items():
+            if placement is None:
+                self.db.execute("DELETE FROM placements WHERE job = ?", (job,))
+            else:
+                members = json.dumps({"members": [[m.name, m.host_id]
+                                                  for m in placement.members],
+                                      "group": placement.group,
+                                      "generation": placement.generation})
+                self.db.execute("INSERT OR REPLACE INTO placements (job, tenant, members)"
+                                " VALUES (?, ?, ?)", (job, placement.tenant, members))
+        for notice_id, notice in writes.notices.items():
+            if notice is None:
+                self.db.execute("DELETE FROM notices WHERE id = ?", (notice_id,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO notices (id, state) VALUES (?, ?)",
+                                (notice_id, json.dumps(notice.to_plain(), sort_keys=True)))
+        for job, state in writes.tuning.items():
+            if state is None:
+                self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO tuning (job, state) VALUES (?, ?)",
+                                (job, json.dumps(state, sort_keys=True)))
 
     def prune_events(self, keep: int = EVENT_RETENTION) -> int:
-        with self.db:
+        with self._room():
             cur = self.db.execute(
                 "DELETE FROM host_events WHERE id <= (SELECT MAX(id) FROM host_events) - ?", (keep,)
             )

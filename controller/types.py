@@ -47,6 +47,9 @@ class Placement:
     members: tuple[Member, ...]
     #: The Unix group of the job's processes on its hosts (for its tuner files there).
     group: str = ""
+    #: Which placement of the job this is (the controller counts them: 1, 2, ...). What
+    #: was issued for one placement (a validation notice) is void for the next.
+    generation: int = 0
 
     @property
     def hosts(self) -> frozenset[str]:

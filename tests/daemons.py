@@ -17,6 +17,7 @@ from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tenant.client import FeedClient
+from harmonaize.testbed.cluster import TEST_POOLS
 from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
 from harmonaize.testbed.keyring import Credentials, Keyring
 from harmonaize.testbed.netns import Lab
@@ -142,9 +143,13 @@ class Controller:
 
 def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
                      ports: tuple[int, int] | None = None, admin_group: str = "",
-                     args: Sequence[str] = ()) -> Controller:
-    """``args`` go to the controller's command line (e.g. ``--initialise``)."""
+                     args: Sequence[str] = (), database: Path | None = None,
+                     wrap: Sequence[str] = ()) -> Controller:
+    """``args`` go to the controller's command line (e.g. ``--initialise``); ``wrap``
+    comes before it (e.g. nsenter into a mount namespace); ``database`` defaults to
+    the work directory's controller.db."""
     listen_port, feed_port = ports or (free_port(), free_port())
+    database = database or workdir / "controller.db"
     listen = f"tcp://127.0.0.1:{listen_port}"
     feed = f"tcp://127.0.0.1:{feed_port}"
     admin = workdir / "controller.sock"
@@ -152,13 +157,14 @@ def start_controller(spawn: Spawn, workdir: Path, extra: str = "",
     auth = "" if "[auth]" in extra else keyring(workdir).controller_config()
     config.write_text(
         f'[controller]\nlisten = "{listen}"\nfeed = "{feed}"\nadmin_socket = "{admin}"\n'
-        f'database = "{workdir / "controller.db"}"\nadmin_group = "{admin_group}"\n' + extra
-        + ("" if "[redaction]" in extra else SMALL_CLUSTER) + auth
+        f'database = "{database}"\nadmin_group = "{admin_group}"\n' + extra
+        + ("" if "[redaction]" in extra else SMALL_CLUSTER)
+        + ("" if "[pools]" in extra else TEST_POOLS) + auth
     )
     log = workdir / "controller.log"
     with log.open("ab") as out:
-        proc = spawn(python("controller.main", "-c", str(config), *args), stdout=out,
-                     stderr=subprocess.STDOUT)
+        proc = spawn([*wrap, *python("controller.main", "-c", str(config), *args)],
+                     stdout=out, stderr=subprocess.STDOUT)
     wait_until(serving(admin, proc, log), what="controller")
     return Controller(proc, listen, feed, admin, config, log, workdir)
 

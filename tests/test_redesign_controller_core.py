@@ -55,7 +55,8 @@ SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
 def config(**sections: dict[str, object]) -> ControllerConfig:
     plain: dict[str, dict[str, object]] = {
         "redaction": {"min_hosts": 1, "min_interval": 0, "jitter": 0},
-        "feed": {"republish": 3600}}
+        "feed": {"republish": 3600},
+        "pools": {"names": ["p", "default"], "gpu_classes": ["H200", "none"]}}
     for name, values in sections.items():
         plain[name] = {**plain.get(name, {}), **values}
     return parse(ControllerConfig, plain)

@@ -52,13 +52,14 @@ def _record(plain: dict[str, Any]) -> HostRecord:
 
 def _placement(placement: Placement) -> dict[str, Any]:
     return {"job": placement.job, "tenant": placement.tenant, "group": placement.group,
-            "members": [[m.name, m.host_id] for m in placement.members]}
+            "members": [[m.name, m.host_id] for m in placement.members],
+            "generation": placement.generation}
 
 
 def _placed(plain: dict[str, Any]) -> Placement:
     return Placement(plain["job"], plain["tenant"],
                      tuple(Member(name, host) for name, host in plain["members"]),
-                     plain["group"])
+                     plain["group"], plain.get("generation", 0))
 
 
 def encode(commit: Commit) -> bytes:

@@ -30,6 +30,9 @@ FEED_PORT = 7401
 #: A lab has two or three hosts: aggregate them at once. The product's defaults
 #: publish only aggregates of 5 or more hosts, at most every 10 s (plus jitter).
 SMALL_CLUSTER = "[redaction]\nmode = \"redacted\"\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
+#: The pool and GPU-class names tests' hosts report: tenants see only declared names.
+TEST_POOLS = ('[pools]\nnames = ["default", "p", "p1", "p2", "east", "west", "pair", "tiny", '
+              '"scale"]\ngpu_classes = ["H200", "H100", "A100", "none"]\n')
 
 
 class Timeout(AssertionError):
@@ -135,7 +138,9 @@ class TestCluster:
             f'feed = "tcp://{addr}:{FEED_PORT}"\n'
             f'admin_socket = "{self.admin_socket}"\n'
             f'database = "{self.workdir / "controller.db"}"\n'
-            + (self.controller_overrides or SMALL_CLUSTER) + self.keys.controller_config()
+            + (self.controller_overrides or SMALL_CLUSTER)
+            + ("" if "[pools]" in self.controller_overrides else TEST_POOLS)
+            + self.keys.controller_config()
         )
         self.controller = self.lab.popen(
             "controller", [sys.executable, "-m", "controller.main", "-c", str(cfg)],

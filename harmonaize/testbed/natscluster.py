@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
-from harmonaize.testbed.cluster import wait_until
+from harmonaize.testbed.cluster import TEST_POOLS, wait_until
 from harmonaize.testbed.keyring import Keyring
 from harmonaize.testbed.netns import Lab
 
@@ -127,6 +127,7 @@ class Clustered:
             f'stream_replicas = {min(3, len(self.nodes))}\nlease = {self.lease}\n'
             f'snapshot_interval = {self.snapshot_interval}\n'
             '[redaction]\nmode = "redacted"\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n'
+            + ("" if "[pools]" in extra else TEST_POOLS)
             + self.keyring.controller_config() + extra)
         return config
 
