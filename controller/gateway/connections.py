@@ -1,0 +1,157 @@
+"""The gateway's connections: how many, from where, and how long before a request.
+
+aiohttp bounds what it can see: the length of a request line and of headers, and an
+idle keep-alive connection (``keepalive_timeout``, which in aiohttp also closes one
+that waits with half a request). What it leaves open is a brand-new connection that
+never completes its first request's headers, and how many connections one address,
+or everyone, may hold: each holds a descriptor, and a process out of descriptors can
+no longer accept agents, tenants or root's admin socket. So each connection's
+protocol here is aiohttp's own request handler with three additions: admitted or
+closed as it is accepted (caps over all and per address, counted), and closed when
+its first request's headers are not in within ``header_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+if TYPE_CHECKING:
+    from controller.config import GatewaySection
+
+
+@dataclass
+class ConnectionStats:
+    accepted: int = 0
+    #: Closed as accepted: every cap's connections were taken, or the address's.
+    refused_total: int = 0
+    refused_address: int = 0
+    #: Closed for not sending a first request's headers in time.
+    header_timeouts: int = 0
+
+
+class ConnectionGuard:
+    """Counts connections by address; admits or refuses each as it is accepted."""
+
+    def __init__(self, cfg: GatewaySection) -> None:
+        self.cfg = cfg
+        self.open = 0
+        self.by_address: dict[str, int] = {}
+        self.stats = ConnectionStats()
+
+    def admit(self, address: str) -> str | None:
+        """Take a slot for ``address``; the refusal (one line) if there is none."""
+        held = self.by_address.get(address, 0)
+        if self.open >= self.cfg.max_connections:
+            self.stats.refused_total += 1
+            return f"too many connections ({self.cfg.max_connections} in all)"
+        if held >= self.cfg.connections_per_address:
+            self.stats.refused_address += 1
+            return (f"too many connections from your address "
+                    f"({self.cfg.connections_per_address})")
+        self.open += 1
+        self.by_address[address] = held + 1
+        self.stats.accepted += 1
+        return None
+
+    def release(self, address: str) -> None:
+        self.open -= 1
+        left = self.by_address.get(address, 0) - 1
+        if left > 0:
+            self.by_address[address] = left
+        else:
+            self.by_address.pop(address, None)
+
+
+def _refusal(message: str) -> bytes:
+    """A 503 written straight to the socket (no handler runs for a refused connection)."""
+    body = json.dumps({"error": {"code": "unavailable", "message": message}}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: " +
+            str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's request handler, admitted by the guard and given a header deadline."""
+
+    def __init__(self, guard: ConnectionGuard, header_timeout: float, manager: web.Server,
+                 **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._header_timeout = header_timeout
+        self._address: str | None = None  # None: refused (or not yet admitted)
+        self._header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        refusal = self._guard.admit(address)
+        if refusal is not None:
+            assert isinstance(transport, asyncio.Transport)
+            transport.write(_refusal(refusal))
+            transport.close()
+            return
+        self._address = address
+        super().connection_made(transport)
+        self._header_deadline = asyncio.get_running_loop().call_later(
+            self._header_timeout, self._headers_late)
+
+    def data_received(self, data: bytes) -> None:
+        if self._address is None:
+            return
+        super().data_received(data)
+        # aiohttp counts a request once its line and headers are parsed in full.
+        if self._header_deadline is not None and self._request_count > 0:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._address is None:
+            return
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+        self._guard.release(self._address)
+        self._address = None
+        super().connection_lost(exc)
+
+    def _headers_late(self) -> None:
+        self._header_deadline = None
+        if self._request_count == 0:
+            self._guard.stats.header_timeouts += 1
+            self.force_close()
+
+
+class GuardedSite(web.TCPSite):
+    """aiohttp's TCP site, serving :class:`GuardedHandler` connections."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *,
+                 guard: ConnectionGuard, header_timeout: float,
+                 handler_args: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._guard = guard
+        self._header_timeout = header_timeout
+        self._handler_args = handler_args
+
+    def _protocol(self) -> GuardedHandler:
+        server = self._runner.server
+        assert server is not None
+        return GuardedHandler(self._guard, self._header_timeout, server,
+                              loop=asyncio.get_running_loop(), **self._handler_args)
+
+    async def start(self) -> None:
+        # BaseSite.start registers the site with its runner; TCPSite.start would then
+        # listen with the runner's plain handlers, so it is not called.
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol, self._host, self._port, ssl=self._ssl_context,
+            backlog=self._backlog, reuse_address=self._reuse_address,
+            ssl_handshake_timeout=self._header_timeout if self._ssl_context else None)
+        sockets = self._server.sockets
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
