@@ -8,21 +8,31 @@ or everyone, may hold: each holds a descriptor, and a process out of descriptors
 no longer accept agents, tenants or root's admin socket. So each connection's
 protocol here is aiohttp's own request handler with three additions: admitted or
 closed as it is accepted (caps over all and per address, counted), and closed when
-its first request's headers are not in within ``header_timeout``.
+its first request's headers are not in within ``header_timeout``. And a request
+aiohttp cannot parse (it answers 400) is counted and said in one line a minute, where
+aiohttp would log a traceback for each one a client cares to send.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 if TYPE_CHECKING:
     from controller.config import GatewaySection
+
+log = logging.getLogger("harmonaize.controller.gateway")
+
+#: Seconds between two log lines about malformed requests.
+MALFORMED_LOG_INTERVAL = 60.0
 
 
 @dataclass
@@ -33,6 +43,8 @@ class ConnectionStats:
     refused_address: int = 0
     #: Closed for not sending a first request's headers in time.
     header_timeouts: int = 0
+    #: Requests that were not HTTP aiohttp could parse (each answered 400).
+    malformed: int = 0
 
 
 class ConnectionGuard:
@@ -43,6 +55,20 @@ class ConnectionGuard:
         self.open = 0
         self.by_address: dict[str, int] = {}
         self.stats = ConnectionStats()
+        self._said_malformed = -MALFORMED_LOG_INTERVAL
+
+    def malformed(self, address: str, exc: HttpProcessingError) -> None:
+        """A request aiohttp could not parse (it answers 400): counted, and one line at
+        most every MALFORMED_LOG_INTERVAL seconds, where aiohttp would log a traceback
+        for each (a flood of them would fill the log)."""
+        self.stats.malformed += 1
+        now = time.monotonic()
+        if now - self._said_malformed >= MALFORMED_LOG_INTERVAL:
+            self._said_malformed = now
+            reason = (exc.message or type(exc).__name__).strip().splitlines()[0][:200]
+            log.warning("malformed HTTP from %s, answered %d: %s (%d malformed requests "
+                        "since start; said at most once every %g s)", address, exc.code,
+                        reason, self.stats.malformed, MALFORMED_LOG_INTERVAL)
 
     def admit(self, address: str) -> str | None:
         """Take a slot for ``address``; the refusal (one line) if there is none."""
@@ -119,6 +145,13 @@ class GuardedHandler(RequestHandler):
         self._guard.release(self._address)
         self._address = None
         super().connection_lost(exc)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError):  # the client's fault: no traceback
+            self._guard.malformed(self._address or "?", exc)
+            return
+        super().log_exception(*args, **kw)
 
     def _headers_late(self) -> None:
         self._header_deadline = None

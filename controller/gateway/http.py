@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from controller.feed import stream_of, streams_of
 from controller.gateway import events
@@ -39,6 +40,7 @@ from controller.gateway.tokens import TokenBook, token_id
 from controller.outputs import BadFrame, Delivery, Output, SendToTenant, TenantPeer
 from harmonaize import spec
 from harmonaize.config import split_address
+from harmonaize.logs import one_line
 from harmonaize.messages import (
     Envelope,
     ErrorCode,
@@ -134,6 +136,8 @@ class Gateway:
         self._numbers = itertools.count(1)
         self._answers: dict[bytes, Reply | Subscribed | None] = {}
         self._runner: web.AppRunner | None = None
+        #: The port it listens on, once started.
+        self.port = 0
         self.connections = ConnectionGuard(cfg)
         self.sessions = Sessions(cfg.session_lifetime, cfg.sessions_per_tenant)
         self._spec: bytes | None = None
@@ -154,8 +158,11 @@ class Gateway:
         app.router.add_get(f"{v}/spec", self._spec_json)
         return app
 
-    async def start(self) -> None:
-        host, port = split_address(self.cfg.listen)
+    async def start(self, port: int | None = None) -> None:
+        """Listen on ``gateway.listen``; ``port`` instead of its port (0: any free one,
+        for the fuzzer), which :attr:`port` then says."""
+        host, configured = split_address(self.cfg.listen)
+        port = configured if port is None else port
         # aiohttp's own bounds on each connection: an idle kept-alive one closes, and a
         # request line or header over 8 KiB (or over 64 headers) is answered 400.
         handler_args: dict[str, Any] = {
@@ -168,6 +175,7 @@ class Gateway:
                            ssl_context=self._tls(), shutdown_timeout=1.0)
         try:
             await site.start()
+            self.port = site.port
         except OSError as exc:
             await self._runner.cleanup()
             raise RuntimeError(f"gateway.listen = {self.cfg.listen!r}: cannot listen there: "
@@ -353,6 +361,10 @@ class Gateway:
             self.stats.body_timeouts += 1
             raise Refused(ErrorCode.MALFORMED, f"the body did not arrive within "
                           f"{self.cfg.body_timeout:g} s", status=408) from None
+        except (ConnectionError, HttpProcessingError) as exc:
+            # Cut short, or not in the encoding it claims: the client's doing, no bug.
+            raise Refused(ErrorCode.MALFORMED, "the body did not arrive whole ("
+                          f"{_reason(exc)})") from None
         try:
             return decode_json(raw)
         except BodyError as exc:
@@ -587,6 +599,13 @@ class Gateway:
                 log.warning("closed a stream of tenant %r that fell %d messages behind; it "
                             "resumes from its cursor", stream.tenant, self.hwm)
                 return
+
+
+def _reason(exc: Exception) -> str:
+    """An exception's words in one short line (aiohttp's parse errors span several)."""
+    text = exc.message if isinstance(exc, HttpProcessingError) else one_line(exc)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:120]
 
 
 def _certificate_tenant(request: web.Request) -> str | None:
