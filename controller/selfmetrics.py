@@ -142,4 +142,7 @@ def gateway_families(gateway: Gateway) -> list[Family]:
                 "HTTP gateway connections closed for a request's headers or body not "
                 "arriving in time.").add(guard.stats.header_timeouts, part="headers").add(
             gateway.stats.body_timeouts, part="body"),
+        counter(f"{P}_gateway_malformed_requests_total",
+                "HTTP gateway requests that were not HTTP it could parse (answered "
+                "400).").add(guard.stats.malformed),
     ]

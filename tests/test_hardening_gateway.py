@@ -298,6 +298,27 @@ def test_item8_a_cursor_offset_of_2_63_or_more_is_a_400_not_a_dropped_stream(
     assert "OverflowError" not in controller.log.read_text()
 
 
+def test_item8_malformed_http_and_cut_bodies_are_400s_without_a_traceback_stream(
+        spawn: Spawn, workdir: Path, sockets: list[socket.socket]) -> None:
+    controller, port = gateway(spawn, workdir)
+    secret = token(controller, "acme").encode()
+    for number in range(100):
+        sock = connect(sockets, port, b"GET /v1/noti\x9d\x9a%d HTTP/1.1\r\nHost: h\r\n\r\n"
+                       % number)
+        assert re.match(rb"HTTP/1\.[01] 400 ", read_to_end(sock))
+        sock.close()
+    sockets.clear()
+    cut = connect(sockets, port, b"POST /v1/declarations HTTP/1.1\r\nHost: h\r\n"
+                  b"Authorization: Bearer " + secret + b"\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 300\r\n\r\n{\"job\": ")
+    cut.shutdown(socket.SHUT_WR)  # the body ends before its Content-Length
+    read_to_end(cut)
+    assert served(port) == 200
+    assert controller.request("status")["gateway"]["malformed_http"] == 100
+    text = controller.log.read_text()
+    assert "Traceback" not in text and text.count("malformed HTTP from") == 1, text[-2000:]
+
+
 @given(st.text(max_size=60) | st.from_regex(r"[0-9a-f]{1,17}-[0-9]{1,20}-[0-9]{1,20}",
                                             fullmatch=True))
 @example(f"1-{2**63}-0")

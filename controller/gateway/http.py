@@ -12,6 +12,10 @@ Peers: the shell names ZeroMQ connections ``b"z" + routing id`` and the gateway'
 ``b"h" + a number``, so no client can pick a routing id that is another's peer.
 """
 
+# Over 400 lines because the routes share one middleware, one way of identifying a tenant
+# and one way of refusing; connections, bodies, sessions and cursors are modules of their
+# own (connections.py, bodies.py, sessions.py, events.py).
+
 from __future__ import annotations
 
 import asyncio
@@ -251,6 +255,7 @@ class Gateway:
                 "connections_refused": {"all_taken": self.connections.stats.refused_total,
                                         "per_address": self.connections.stats.refused_address},
                 "header_timeouts": self.connections.stats.header_timeouts,
+                "malformed_http": self.connections.stats.malformed,
                 "body_timeouts": self.stats.body_timeouts}
 
     # --- cross-cutting -----------------------------------------------------------------
