@@ -24,7 +24,7 @@ from tests.conftest import Spawn, free_port, needs_root
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed, wait_until
 from tests.sse import CurlStream, curl
 from tests.test_controller_feed import Sender
-from tests.test_tenant_http import bearer, summary, token
+from tests.test_tenant_http import bearer, certificate, summary, token
 
 pytestmark = [pytest.mark.hardening, needs_root]
 
@@ -182,6 +182,33 @@ def test_item3_descriptor_exhaustion_is_one_line_a_counter_and_then_recovered(
         assert feed.recv(timeout=30) is not None
     stream.close()
     assert controller.request("status")["gateway"]["connections"] <= 1
+
+
+def test_item3_tls_handshakes_count_against_the_caps_and_end_at_the_deadline(
+        spawn: Spawn, workdir: Path, sockets: list[socket.socket]) -> None:
+    pki = workdir / "pki"
+    pki.mkdir()
+    certificate(pki, "ca", None, "/CN=provider tenants CA")
+    key, cert = certificate(pki, "server", "ca", "/CN=127.0.0.1",
+                            "subjectAltName=IP:127.0.0.1\n")
+    controller, port = gateway(spawn, workdir, f'tls_cert = "{cert}"\ntls_key = "{key}"\n'
+                               "header_timeout = 1.0\nconnections_per_address = 3\n")
+    silent = [connect(sockets, port) for _ in range(3)]  # TCP only: no handshake begun
+    wait_until(lambda: controller.request("status")["gateway"]["connections"] == 3,
+               what="three connections held before any handshake")
+    assert read_to_end(connect(sockets, port)) == b""  # refused as accepted, no plain text
+    assert controller.request("status")["gateway"]["connections_refused"]["per_address"] == 1
+    for sock in silent:
+        assert read_to_end(sock) == b""  # closed at the deadline, handshake or not
+    wait_until(lambda: controller.request("status")["gateway"]["connections"] == 0,
+               what="the silent connections released")
+    # A real client is served, and over TLS the session cookie is Secure (item 7).
+    tls = ("--cacert", str(pki / "ca.pem"))
+    status, body, headers = curl("POST", f"https://127.0.0.1:{port}/v1/session", *tls,
+                                 *bearer(token(controller, "acme")))
+    assert status == 200 and body["tenant"] == "acme"
+    flags = {part.strip().lower() for part in headers["set-cookie"].split(";")[1:]}
+    assert {"secure", "httponly", "samesite=strict"} <= flags
 
 
 # --- item 7: sessions that are not tokens -----------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,8 @@ class ConnectionStats:
     header_timeouts: int = 0
     #: Requests that were not HTTP aiohttp could parse (each answered 400).
     malformed: int = 0
+    #: TLS handshakes that failed or did not finish in time.
+    tls_failed: int = 0
 
 
 class ConnectionGuard:
@@ -103,32 +106,69 @@ def _refusal(message: str) -> bytes:
 
 
 class GuardedHandler(RequestHandler):
-    """aiohttp's request handler, admitted by the guard and given a header deadline."""
+    """aiohttp's request handler, admitted by the guard as the connection is accepted
+    (before any TLS handshake, so half-open handshakes count against the caps too) and
+    given one deadline, from the accept, for the handshake and the first request's
+    headers."""
 
-    def __init__(self, guard: ConnectionGuard, header_timeout: float, manager: web.Server,
-                 **kwargs: Any) -> None:
+    def __init__(self, guard: ConnectionGuard, header_timeout: float,
+                 tls: ssl.SSLContext | None, manager: web.Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._header_timeout = header_timeout
-        self._address: str | None = None  # None: refused (or not yet admitted)
+        self._tls = tls
+        self._address: str | None = None  # None: refused, or gone
+        self._raw: asyncio.Transport | None = None
+        self._served = False  # aiohttp's handler runs (after the TLS handshake, if any)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._handshake: asyncio.Task[None] | None = None
+        #: What arrived between the handshake's end and aiohttp's handler starting.
+        self._early: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         refusal = self._guard.admit(address)
         if refusal is not None:
-            assert isinstance(transport, asyncio.Transport)
-            transport.write(_refusal(refusal))
+            if self._tls is None:  # over TLS, plain text would only confuse the client
+                transport.write(_refusal(refusal))
             transport.close()
             return
-        self._address = address
+        self._address, self._raw = address, transport
+        loop = asyncio.get_running_loop()
+        self._header_deadline = loop.call_later(self._header_timeout, self._headers_late)
+        if self._tls is None:
+            self._serve(transport)
+        else:
+            self._handshake = loop.create_task(self._start_tls(transport, self._tls))
+
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(raw, self, context, server_side=True,
+                                       ssl_handshake_timeout=self._header_timeout)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
+            self._guard.stats.tls_failed += 1
+            raw.abort()
+            self._gone()
+            return
+        if tls is None or tls.is_closing() or self._address is None:
+            self._gone()  # closed during the handshake (asyncio returns no transport)
+            return
+        self._serve(tls)
+
+    def _serve(self, transport: asyncio.Transport) -> None:
+        self._served = True
         super().connection_made(transport)
-        self._header_deadline = asyncio.get_running_loop().call_later(
-            self._header_timeout, self._headers_late)
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
-        if self._address is None:
+        if not self._served:
+            if self._address is not None:  # TLS delivers before start_tls returns
+                self._early.append(data)
             return
         super().data_received(data)
         # aiohttp counts a request once its line and headers are parsed in full.
@@ -137,14 +177,19 @@ class GuardedHandler(RequestHandler):
             self._header_deadline = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._address is None:
-            return
+        self._gone()
+        if self._served:
+            self._served = False
+            super().connection_lost(exc)
+
+    def _gone(self) -> None:
+        """Release the connection's slot (once, however it ended)."""
         if self._header_deadline is not None:
             self._header_deadline.cancel()
             self._header_deadline = None
-        self._guard.release(self._address)
-        self._address = None
-        super().connection_lost(exc)
+        if self._address is not None:
+            self._guard.release(self._address)
+            self._address = None
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
@@ -155,9 +200,14 @@ class GuardedHandler(RequestHandler):
 
     def _headers_late(self) -> None:
         self._header_deadline = None
-        if self._request_count == 0:
-            self._guard.stats.header_timeouts += 1
+        if self._request_count > 0:
+            return
+        self._guard.stats.header_timeouts += 1
+        if self._served:
             self.force_close()
+        elif self._raw is not None:  # still in its TLS handshake
+            self._raw.abort()
+            self._gone()
 
 
 class GuardedSite(web.TCPSite):
@@ -174,17 +224,17 @@ class GuardedSite(web.TCPSite):
     def _protocol(self) -> GuardedHandler:
         server = self._runner.server
         assert server is not None
-        return GuardedHandler(self._guard, self._header_timeout, server,
+        return GuardedHandler(self._guard, self._header_timeout, self._ssl_context, server,
                               loop=asyncio.get_running_loop(), **self._handler_args)
 
     async def start(self) -> None:
         # BaseSite.start registers the site with its runner; TCPSite.start would then
-        # listen with the runner's plain handlers, so it is not called.
+        # listen with the runner's plain handlers, so it is not called. TLS is started
+        # by each connection once admitted (GuardedHandler), not by the listener.
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._protocol, self._host, self._port, ssl=self._ssl_context,
-            backlog=self._backlog, reuse_address=self._reuse_address,
-            ssl_handshake_timeout=self._header_timeout if self._ssl_context else None)
+            self._protocol, self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address)
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port

@@ -256,6 +256,7 @@ class Gateway:
                                         "per_address": self.connections.stats.refused_address},
                 "header_timeouts": self.connections.stats.header_timeouts,
                 "malformed_http": self.connections.stats.malformed,
+                "tls_failed": self.connections.stats.tls_failed,
                 "body_timeouts": self.stats.body_timeouts}
 
     # --- cross-cutting -----------------------------------------------------------------
