@@ -20,6 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from controller.gateway.events import MAX_EPOCH, MAX_OFFSET, Cursor, CursorError
+from controller.gateway.sessions import Sessions
 from tests.conftest import Spawn, free_port, needs_root
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed, wait_until
 from tests.sse import CurlStream, curl
@@ -211,7 +212,32 @@ def test_item3_tls_handshakes_count_against_the_caps_and_end_at_the_deadline(
     assert {"secure", "httponly", "samesite=strict"} <= flags
 
 
+def test_item3_the_metrics_listener_closes_idle_and_half_sent_requests_too(
+        spawn: Spawn, workdir: Path, sockets: list[socket.socket]) -> None:
+    metrics = free_port()
+    gateway(spawn, workdir, sections=f'[metrics]\nlisten = "127.0.0.1:{metrics}"\n')
+    idle = connect(sockets, metrics)
+    half = connect(sockets, metrics, b"GET /metr")
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30)
+    assert b"harmonaize_controller_gateway_connections" in scraped.read()
+    for sock in (idle, half):
+        assert read_to_end(sock).startswith(b"HTTP/1.1 408")  # answered, then closed
+
+
 # --- item 7: sessions that are not tokens -----------------------------------------------
+
+
+def test_item7_a_session_lapses_after_its_lifetime_and_one_tenant_cannot_crowd_others(
+        ) -> None:
+    sessions = Sessions(lifetime=60.0, per_tenant=2, total=3)
+    first = sessions.start("acme", "hzt_a", now=100.0)
+    assert first is not None and sessions.get(first, 159.0) is not None
+    assert sessions.get(first, 160.0) is None and len(sessions) == 0
+    held = [sessions.start(tenant, "t", now=200.0) for tenant in ("acme", "acme", "beta")]
+    assert all(held) and sessions.start("gamma", "t", now=200.0) is None  # all taken
+    assert sessions.start("acme", "t", now=201.0) is not None  # acme's oldest made room
+    assert sessions.get(held[0], 201.0) is None and sessions.get(held[2], 201.0) is not None
+    assert sessions.start("gamma", "t", now=261.0) is not None  # the lapsed are forgotten
 
 
 def start_session(url: str, secret: str) -> tuple[str, str]:
