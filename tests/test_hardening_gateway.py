@@ -5,7 +5,10 @@ not tokens, and bodies and cursors refused in one line instead of a traceback.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
+import os
 import re
 import resource
 import socket
@@ -21,6 +24,7 @@ from hypothesis import strategies as st
 
 from controller.gateway.events import MAX_EPOCH, MAX_OFFSET, Cursor, CursorError
 from controller.gateway.sessions import Sessions
+from harmonaize.exhaustion import AcceptExhaustion
 from tests.conftest import Spawn, free_port, needs_root
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed, wait_until
 from tests.sse import CurlStream, curl
@@ -183,6 +187,30 @@ def test_item3_descriptor_exhaustion_is_one_line_a_counter_and_then_recovered(
         assert feed.recv(timeout=30) is not None
     stream.close()
     assert controller.request("status")["gateway"]["connections"] <= 1
+
+
+def test_item3_exhaustion_is_one_line_per_episode_and_other_errors_pass_through(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    handler = AcceptExhaustion(quiet=30.0, clock=lambda: now[0])
+    loop = asyncio.new_event_loop()
+    passed: list[dict[str, object]] = []
+    try:
+        loop.set_exception_handler(lambda _loop, context: passed.append(context))
+        handler.install(loop)
+        out_of_files = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        for second in (0.0, 1.0, 2.0, 31.0, 60.0, 100.0):  # 100: 40 s after the last
+            now[0] = second
+            loop.call_exception_handler({"message": "socket.accept() out of system resource",
+                                         "exception": out_of_files})
+        other = {"message": "something else", "exception": OSError(errno.EMFILE, "x")}
+        loop.call_exception_handler(other)
+    finally:
+        loop.close()
+    assert (handler.failures, handler.episodes) == (6, 2)
+    assert passed == [other]  # not an accept: the handler that was there has it
+    lines = [r for r in caplog.records if "out of descriptors" in r.getMessage()]
+    assert len(lines) == 2 and all(r.exc_info is None for r in lines)
 
 
 def test_item3_tls_handshakes_count_against_the_caps_and_end_at_the_deadline(
