@@ -8,6 +8,10 @@ Targets (each its own process, in turn):
 * ``operator_requests``: lines on the controller's admin socket, through the
   real command table;
 * ``configuration``: the agent's and the controller's TOML files;
+* ``gateway_requests``: raw bytes on the HTTP gateway's port (the real gateway and
+  core over a socket: no 500, no hang, nothing logged as an error);
+* ``gateway_cursors``: cursors as ``Last-Event-ID`` and ``?since=`` carry them;
+* ``gateway_bodies``: request bodies (bounded JSON, then a declaration or an answer);
 * ``policy``: the tuner plugin's policy validation and acceptance rule, in C
   (libFuzzer with AddressSanitizer and UBSan; needs clang, installed if missing).
 
@@ -32,7 +36,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("wire", "tenant", "operator_requests", "configuration", "policy")
+TARGETS = ("wire", "tenant", "operator_requests", "configuration", "gateway_requests",
+           "gateway_cursors", "gateway_bodies", "policy")
 CORPUS = ROOT / "fuzz" / "corpus"
 CRASHES = ROOT / "build" / "fuzz" / "crashes"
 POLICY_FUZZER = ROOT / "native" / "build" / "policy_fuzz"

@@ -140,6 +140,21 @@ class GatewaySection:
     #: Streams open at once, over all tenants and per tenant.
     max_streams: Annotated[int, Num(1, 100_000)] = 1000
     streams_per_tenant: Annotated[int, Num(1, 10_000)] = 16
+    #: Seconds a new connection has to send its first request's headers in full (and to
+    #: finish a TLS handshake); then it is closed. Slow or silent ones hold descriptors.
+    header_timeout: Annotated[float, Num(0.5, 300.0)] = 10.0
+    #: Seconds a kept-alive connection may wait for its next request's headers in full.
+    idle_timeout: Annotated[float, Num(1.0, 3600.0)] = 60.0
+    #: Seconds a request's body has to arrive in full once its headers did.
+    body_timeout: Annotated[float, Num(0.5, 600.0)] = 30.0
+    #: Connections open at once, over all clients and per client address; the excess is
+    #: closed as it is accepted, and counted.
+    max_connections: Annotated[int, Num(1, 1_000_000)] = 4096
+    connections_per_address: Annotated[int, Num(1, 1_000_000)] = 256
+    #: Seconds a browser session (POST /v1/session) lasts, and sessions kept per tenant
+    #: (one more ends the tenant's oldest).
+    session_lifetime: Annotated[float, Num(60.0, 30 * 86400.0)] = 8 * 3600.0
+    sessions_per_tenant: Annotated[int, Num(1, 10_000)] = 16
 
     def __post_init__(self) -> None:
         if self.listen and split_address(self.listen)[1] == 0:

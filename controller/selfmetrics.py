@@ -18,6 +18,7 @@ from harmonaize.messages import TuningStatus
 from harmonaize.metrics import Family, counter, gauge
 
 if TYPE_CHECKING:
+    from controller.gateway.http import Gateway
     from controller.server import ControllerServer
 
 P = "harmonaize_controller"
@@ -120,6 +121,35 @@ def collect(server: ControllerServer) -> list[Family]:
         counter(f"{P}_admin_idle_closed_total",
                 "Admin connections closed for sitting idle.").add(stats.idle_closed),
     ]
+    families += [
+        counter(f"{P}_accept_exhausted_total",
+                "Connections not accepted for want of descriptors (they wait in the "
+                "backlog until some close).").add(server.exhaustion.failures),
+        counter(f"{P}_accept_exhausted_episodes_total",
+                "Episodes of running out of descriptors at accept (one log line "
+                "each).").add(server.exhaustion.episodes),
+    ]
+    if server.gateway is not None:
+        families += gateway_families(server.gateway)
     if server.metrics is not None:
         families += server.metrics.families()
     return families
+
+
+def gateway_families(gateway: Gateway) -> list[Family]:
+    guard = gateway.connections
+    return [
+        gauge(f"{P}_gateway_connections", "HTTP gateway connections open now.").add(
+            guard.open),
+        counter(f"{P}_gateway_connections_refused_total",
+                "HTTP gateway connections closed as accepted, by the cap they met.").add(
+            guard.stats.refused_total, cap="all").add(
+            guard.stats.refused_address, cap="address"),
+        counter(f"{P}_gateway_timeouts_total",
+                "HTTP gateway connections closed for a request's headers or body not "
+                "arriving in time.").add(guard.stats.header_timeouts, part="headers").add(
+            gateway.stats.body_timeouts, part="body"),
+        counter(f"{P}_gateway_malformed_requests_total",
+                "HTTP gateway requests that were not HTTP it could parse (answered "
+                "400).").add(guard.stats.malformed),
+    ]

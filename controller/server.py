@@ -76,6 +76,7 @@ from controller.store import Store, StoreError
 from controller.writeback import Writer
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
+from harmonaize.exhaustion import AcceptExhaustion
 from harmonaize.logs import one_line
 from harmonaize.messages import (
     AGENT_KINDS,
@@ -158,6 +159,8 @@ class ControllerServer:
         self.ports = {"agents": PortWatch("agent"), "feed": PortWatch("feed")}
         #: Tenants over HTTP ([gateway]); None where it is off.
         self.gateway: Gateway | None = None
+        #: Accepts that failed for want of descriptors, on any of our listeners.
+        self.exhaustion = AcceptExhaustion()
         self.anonymous = cfg.auth.mode is AuthMode.NONE
         #: Tenants' HTTP gateway tokens (a cluster replica keeps them on its bus).
         self.tokens: TokenBook = Tokens(self.store.db)
@@ -221,6 +224,7 @@ class ControllerServer:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # the outcome is logged
         raise_descriptor_limit()
+        self.exhaustion.install(loop)  # out of descriptors at accept: one line, counted
         await self._prepare()
         self._bind()
         if self.zap is not None:

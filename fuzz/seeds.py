@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.tuning.layout import Algo, Coll, CommEntry, Policy, Pref, Proto, Rule, encode_policy
 from harmonaize import messages as m
+from harmonaize.schema import to_plain
 from tests.test_wire import SAMPLES
 
 CORPUS = ROOT / "fuzz" / "corpus"
@@ -58,6 +59,7 @@ def main() -> None:
         '[validation]\nenabled = true\n[metrics]\nlisten = "127.0.0.1:9400"\n',
     ):
         put("configuration", text.encode())
+    gateway_seeds()
     rules = (
         (Rule(frozenset({Coll.ALL_REDUCE}), 0, 1 << 20, (Pref(Algo.RING, Proto.LL128),)),
          Rule(frozenset(), 0, 2**64 - 1, (Pref(Algo.TREE, Proto.SIMPLE),), max_channels=4)),
@@ -74,6 +76,38 @@ def main() -> None:
         for flags in (3, 7 | (8 << 3)):
             put("policy", struct.pack("<QQB", comm, 80, flags) + encode_policy(held)
                 + encode_policy(new))
+
+
+def gateway_seeds() -> None:
+    """Requests for every route of the HTTP gateway, cursors and bodies."""
+    token = "hzt_0123456789abcdef_" + "A" * 43  # the one fuzz/targets/gateway_requests files
+    bodies = [json.dumps(to_plain(body)).encode() for body in SAMPLES
+              if isinstance(body, m.JobDeclaration | m.ValidationAnswer)]
+    bodies += [b'{"action": "defer", "seconds": 300}', b"[[[[1]]]]", b'{"a": NaN}']
+    for body in bodies:
+        put("gateway_bodies", body)
+    for cursor in ("2b1f9c0e33a1-1520-33", "1-0-0", f"1-{2**62}-0", f"1-{2**63}-0",
+                   "ffffffffffffffff-0-0", " 1-2-3 "):
+        put("gateway_cursors", cursor.encode())
+    auth = f"Authorization: Bearer {token}\r\n"
+    requests = [
+        "GET /v1/spec HTTP/1.1\r\nHost: h\r\n\r\n",
+        f"GET /v1/feed?topic=pool/&topic=job/acme/ HTTP/1.1\r\nHost: h\r\n{auth}"
+        "Last-Event-ID: 1-0-0\r\n\r\n",
+        "GET /v1/feed?since=1-2-3 HTTP/1.1\r\nHost: h\r\nCookie: hz_session=x\r\n\r\n",
+        f"GET /v1/notices HTTP/1.1\r\nHost: h\r\n{auth}X-Request-Id: r-1\r\n\r\n",
+        f"POST /v1/session HTTP/1.1\r\nHost: h\r\n{auth}Content-Length: 0\r\n\r\n",
+        "DELETE /v1/session HTTP/1.1\r\nHost: h\r\nCookie: hz_session=hzs_x\r\n\r\n",
+        "OPTIONS /v1/feed HTTP/1.1\r\nHost: h\r\nOrigin: https://a.example\r\n\r\n",
+        "GET /v1/spec HTTP/1.1\r\nHost: h\r\n\r\nGET /nothing HTTP/1.1\r\nHost: h\r\n\r\n",
+    ]
+    for body in bodies[:3]:
+        for path in ("/v1/declarations", "/v1/notices/n1"):
+            requests.append(f"POST {path} HTTP/1.1\r\nHost: h\r\n{auth}Content-Type: "
+                            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                            + body.decode())
+    for request in requests:
+        put("gateway_requests", request.encode())
 
 
 if __name__ == "__main__":

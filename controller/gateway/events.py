@@ -24,6 +24,11 @@ from harmonaize.messages import VERSION, ErrorCode
 
 TYPE_PREFIX = "io.harmonaize.feed."
 _CURSOR = re.compile(r"([0-9a-f]{1,16})-([0-9]{1,19})-([0-9]{1,19})")
+#: A cursor's offsets are a stream's sequence numbers: the wire's Count (at most 2^62),
+#: so no offset a client writes overflows SQLite's signed 64-bit integers downstream.
+MAX_OFFSET = 2**62
+#: Epochs fit SQLite's integers as well (one not the feed's own replays what is kept).
+MAX_EPOCH = 2**63 - 1
 _FORMAT = JSONFormat()
 #: Where one field is at fault, a SchemaError's text starts with its path.
 _FIELD = re.compile(r"(?:rejected: )?([A-Za-z0-9_.\[\]-]+): ")
@@ -57,7 +62,13 @@ class Cursor:
         if match is None:
             raise CursorError(f"{text[:80]!r} is not a feed cursor (EPOCH-POOL-JOB, as an "
                               "event's id: gave it)")
-        return cls(int(match[1], 16), int(match[2]), int(match[3]))
+        epoch, pool, job = int(match[1], 16), int(match[2]), int(match[3])
+        if epoch > MAX_EPOCH:
+            raise CursorError(f"{text[:80]!r}: the epoch is out of range (at most "
+                              f"{MAX_EPOCH:x})")
+        if pool > MAX_OFFSET or job > MAX_OFFSET:
+            raise CursorError(f"{text[:80]!r}: an offset is out of range (0 to {MAX_OFFSET})")
+        return cls(epoch, pool, job)
 
     def __str__(self) -> str:
         return f"{self.epoch:x}-{self.pool}-{self.job}"

@@ -12,6 +12,10 @@ Peers: the shell names ZeroMQ connections ``b"z" + routing id`` and the gateway'
 ``b"h" + a number``, so no client can pick a routing id that is another's peer.
 """
 
+# Over 400 lines because the routes share one middleware, one way of identifying a tenant
+# and one way of refusing; connections, bodies, sessions and cursors are modules of their
+# own (connections.py, bodies.py, sessions.py, events.py).
+
 from __future__ import annotations
 
 import asyncio
@@ -28,16 +32,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from controller.feed import stream_of, streams_of
 from controller.gateway import events
+from controller.gateway.bodies import MAX_BODY, BodyError, decode_json
+from controller.gateway.connections import ConnectionGuard, GuardedSite
 from controller.gateway.events import STATUS, Cursor, CursorError
+from controller.gateway.sessions import Sessions
 from controller.gateway.tokens import TokenBook, token_id
 from controller.outputs import BadFrame, Delivery, Output, SendToTenant, TenantPeer
 from harmonaize import spec
 from harmonaize.config import split_address
+from harmonaize.logs import one_line
 from harmonaize.messages import (
-    MAX_FRAME,
     Envelope,
     ErrorCode,
     JobDeclaration,
@@ -87,9 +95,12 @@ class Shell(Protocol):
 
 
 class Refused(Exception):
-    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, status: int | None = None,
+                 **extra: Any) -> None:
         super().__init__(message)
         self.code, self.message, self.extra = code, message, extra
+        #: The HTTP status, where it is not the code's own (events.STATUS).
+        self.status = status
 
 
 @dataclass
@@ -100,8 +111,10 @@ class Stream:
     queue: asyncio.Queue[SendToTenant]
     #: The token it was opened with (its id), if any: revoking the token ends it.
     token: str | None = None
+    #: The browser session it was opened with, if any: ending the session ends it.
+    session: str | None = None
     #: Why it is ending: "behind" (its queue overflowed: what is queued goes first),
-    #: "revoked" or "closing" (at once).
+    #: "revoked", "logged out" or "closing" (at once).
     ending: str | None = None
 
 
@@ -112,6 +125,7 @@ class GatewayStats:
     requests: int = 0
     refused: int = 0
     overflowed: int = 0
+    body_timeouts: int = 0
     by_code: dict[str, int] = field(default_factory=dict)
 
 
@@ -126,12 +140,16 @@ class Gateway:
         self._numbers = itertools.count(1)
         self._answers: dict[bytes, Reply | Subscribed | None] = {}
         self._runner: web.AppRunner | None = None
+        #: The port it listens on, once started.
+        self.port = 0
+        self.connections = ConnectionGuard(cfg)
+        self.sessions = Sessions(cfg.session_lifetime, cfg.sessions_per_tenant)
         self._spec: bytes | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_FRAME,
+        app = web.Application(client_max_size=MAX_BODY,
                               middlewares=[self._middleware])
         app.on_response_prepare.append(self._cors)
         v = "/v1"
@@ -144,14 +162,24 @@ class Gateway:
         app.router.add_get(f"{v}/spec", self._spec_json)
         return app
 
-    async def start(self) -> None:
-        host, port = split_address(self.cfg.listen)
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+    async def start(self, port: int | None = None) -> None:
+        """Listen on ``gateway.listen``; ``port`` instead of its port (0: any free one,
+        for the fuzzer), which :attr:`port` then says."""
+        host, configured = split_address(self.cfg.listen)
+        port = configured if port is None else port
+        # aiohttp's own bounds on each connection: an idle kept-alive one closes, and a
+        # request line or header over 8 KiB (or over 64 headers) is answered 400.
+        handler_args: dict[str, Any] = {
+            "access_log": None, "keepalive_timeout": self.cfg.idle_timeout,
+            "max_line_size": 8190, "max_field_size": 8190, "max_headers": 64}
+        self._runner = web.AppRunner(self.app(), handle_signals=False, **handler_args)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=self._tls(),
-                           shutdown_timeout=1.0)
+        site = GuardedSite(self._runner, host, port, guard=self.connections,
+                           header_timeout=self.cfg.header_timeout, handler_args=handler_args,
+                           ssl_context=self._tls(), shutdown_timeout=1.0)
         try:
             await site.start()
+            self.port = site.port
         except OSError as exc:
             await self._runner.cleanup()
             raise RuntimeError(f"gateway.listen = {self.cfg.listen!r}: cannot listen there: "
@@ -222,7 +250,14 @@ class Gateway:
         return {"listen": self.cfg.listen, "streams": len(self.streams),
                 "opened": self.stats.streams, "events": self.stats.events,
                 "requests": self.stats.requests, "refused": self.stats.refused,
-                "closed_behind": self.stats.overflowed, "refused_by_code": self.stats.by_code}
+                "closed_behind": self.stats.overflowed, "refused_by_code": self.stats.by_code,
+                "connections": self.connections.open,
+                "connections_refused": {"all_taken": self.connections.stats.refused_total,
+                                        "per_address": self.connections.stats.refused_address},
+                "header_timeouts": self.connections.stats.header_timeouts,
+                "malformed_http": self.connections.stats.malformed,
+                "tls_failed": self.connections.stats.tls_failed,
+                "body_timeouts": self.stats.body_timeouts}
 
     # --- cross-cutting -----------------------------------------------------------------
 
@@ -240,10 +275,12 @@ class Gateway:
             else:
                 response = await handler(request)
         except Refused as refused:
-            response = self._refusal(refused, rid)
+            response = self._refusal(refused, rid, status=refused.status)
+            if refused.status == 408:
+                response.force_close()  # what is left of the body is not waited for
         except web.HTTPRequestEntityTooLarge:
             response = self._refusal(Refused(ErrorCode.MALFORMED, f"a body larger than "
-                                             f"{MAX_FRAME} bytes"), rid, status=413)
+                                             f"{MAX_BODY} bytes"), rid, status=413)
         except web.HTTPNotFound:
             response = self._refusal(Refused(ErrorCode.NOT_FOUND, f"no {request.path}"), rid)
         except web.HTTPMethodNotAllowed:
@@ -301,11 +338,17 @@ class Gateway:
         if tenant is not None:
             return tenant
         if session and COOKIE in request.cookies:
-            tenant = self.tokens.tenant_of(request.cookies[COOKIE], time.time())
-            if tenant is None:
-                raise Refused(ErrorCode.NOT_AUTHENTICATED, "the session is not valid (its "
-                              "token expired or was revoked)")
-            request["token"] = token_id(request.cookies[COOKIE])
+            sid = request.cookies[COOKIE]
+            now = time.time()
+            held = self.sessions.get(sid, now)
+            tenant = self.tokens.tenant_of(held.token, now) if held is not None else None
+            if held is None or tenant != held.tenant:
+                if held is not None:
+                    self.sessions.end(sid)  # its token was revoked or expired
+                raise Refused(ErrorCode.NOT_AUTHENTICATED, "the session is not valid (it "
+                              "ended or expired, or its token did): start a new one")
+            request["token"] = token_id(held.token)
+            request["session"] = sid
             return tenant
         if self.shell.anonymous:
             return ""
@@ -317,11 +360,21 @@ class Gateway:
     async def _json(self, request: web.Request) -> Any:
         if request.content_type != "application/json":
             raise Refused(ErrorCode.MALFORMED, "the body must be application/json")
-        raw = await request.read()
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise Refused(ErrorCode.MALFORMED, f"not JSON: {exc}") from None
+            async with asyncio.timeout(self.cfg.body_timeout):
+                raw = await request.read()
+        except TimeoutError:
+            self.stats.body_timeouts += 1
+            raise Refused(ErrorCode.MALFORMED, f"the body did not arrive within "
+                          f"{self.cfg.body_timeout:g} s", status=408) from None
+        except (ConnectionError, HttpProcessingError) as exc:
+            # Cut short, or not in the encoding it claims: the client's doing, no bug.
+            raise Refused(ErrorCode.MALFORMED, "the body did not arrive whole ("
+                          f"{_reason(exc)})") from None
+        try:
+            return decode_json(raw)
+        except BodyError as exc:
+            raise Refused(ErrorCode.MALFORMED, str(exc)) from None
 
     async def _ask(self, request: web.Request, tenant: str,
                    body: Message | BadFrame) -> Reply:
@@ -393,16 +446,30 @@ class Gateway:
         if tenant is None:
             raise Refused(ErrorCode.NOT_AUTHENTICATED, "a session starts from a valid token "
                           "(Authorization: Bearer <token>)")
+        sid = self.sessions.start(tenant, token.strip(), time.time())
+        if sid is None:
+            raise Refused(ErrorCode.UNAVAILABLE, "too many sessions open: retry later")
         response = web.json_response({"ok": True, "tenant": tenant,
+                                      "expires_in": self.cfg.session_lifetime,
                                       "request_id": request["request_id"]})
-        # Read-only: requests that change anything need the token itself (no CSRF).
-        response.set_cookie(COOKIE, token.strip(), httponly=True, samesite="Strict",
-                            path="/v1", secure=bool(self.cfg.tls_cert))
+        # The cookie reads the feed only: requests that change anything need the token
+        # itself (no CSRF), and the cookie is a session's id, never a token.
+        response.set_cookie(COOKIE, sid, httponly=True, samesite="Strict", path="/v1",
+                            secure=bool(self.cfg.tls_cert),
+                            max_age=int(self.cfg.session_lifetime))
         return response
 
     async def _end_session(self, request: web.Request) -> web.Response:
-        response = web.json_response({"ok": True, "request_id": request["request_id"]})
-        response.del_cookie(COOKIE, path="/v1")
+        """Forget the session (its streams end too) and clear the cookie."""
+        sid = request.cookies.get(COOKIE)
+        ended = self.sessions.end(sid) is not None if sid else False
+        if ended:
+            for stream in [s for s in self.streams.values() if s.session == sid]:
+                self._end(stream, "logged out")
+        response = web.json_response({"ok": True, "ended": ended,
+                                      "request_id": request["request_id"]})
+        response.del_cookie(COOKIE, path="/v1", secure=bool(self.cfg.tls_cert),
+                            httponly=True, samesite="Strict")
         return response
 
     async def _spec_json(self, request: web.Request) -> web.Response:
@@ -438,7 +505,7 @@ class Gateway:
             raise Refused(ErrorCode(first.code), first.reason,
                           refused=[to_plain(r) for r in reply.refused])
         stream = Stream(peer, tenant, reply.accepted, asyncio.Queue(self.hwm),
-                        request.get("token"))
+                        request.get("token"), request.get("session"))
         self.streams[peer] = stream
         self.stats.streams += 1
         response = web.StreamResponse(headers={**SSE_HEADERS,
@@ -525,7 +592,7 @@ class Gateway:
             except TimeoutError:
                 await response.write(b": keep-alive\n\n")
                 continue
-            if stream.ending in ("revoked", "closing"):
+            if stream.ending in ("revoked", "closing", "logged out"):
                 log.info("ended a stream of tenant %r: %s", stream.tenant, stream.ending)
                 return
             if send.offset > 0:
@@ -538,6 +605,13 @@ class Gateway:
                 log.warning("closed a stream of tenant %r that fell %d messages behind; it "
                             "resumes from its cursor", stream.tenant, self.hwm)
                 return
+
+
+def _reason(exc: Exception) -> str:
+    """An exception's words in one short line (aiohttp's parse errors span several)."""
+    text = exc.message if isinstance(exc, HttpProcessingError) else one_line(exc)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:120]
 
 
 def _certificate_tenant(request: web.Request) -> str | None:
