@@ -48,6 +48,7 @@ from agent.validation import commands as validation_commands
 from agent.validation.service import ValidationService
 from harmonaize import __version__, keys
 from harmonaize.config import ConfigError
+from harmonaize.exhaustion import AcceptExhaustion
 from harmonaize.logs import one_line
 from harmonaize.messages import (
     Hello,
@@ -114,6 +115,8 @@ class AgentDaemon:
         self._stop = asyncio.Event()
         self._ctx: zmq.asyncio.Context | None = None
         self.uplink: Uplink | None = None
+        #: Out of descriptors at accept (operator socket, metrics): one line, counted.
+        self.exhaustion = AcceptExhaustion()
         self.opsocket = OperatorSocket(
             cfg.socket.path, self._commands(), group=cfg.socket.group, mode=cfg.socket.mode
         )
@@ -160,6 +163,7 @@ class AgentDaemon:
     async def run(self) -> int:
         set_os_thread_name("hz-agent")
         loop = self._loop = asyncio.get_running_loop()
+        self.exhaustion.install(loop)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)  # result is logged

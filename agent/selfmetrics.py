@@ -19,6 +19,7 @@ from agent.observers.base import State
 from agent.rdma import metrics as rdma_metrics
 from agent.validation import metrics as validation_metrics
 from harmonaize import __version__
+from harmonaize.exhaustion import families as exhaustion_families
 from harmonaize.messages import Health, Status
 from harmonaize.metrics import Family, counter, gauge
 
@@ -41,6 +42,7 @@ def collect(daemon: AgentDaemon) -> list[Family]:
         *_uplink(daemon),
         *validation_metrics.families(P, daemon.validation, daemon.events_by_reason),
         *_socket(daemon),
+        *exhaustion_families(P, daemon.exhaustion),
         *(daemon.metrics.families() if daemon.metrics is not None else ()),
     ]
 

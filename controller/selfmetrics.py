@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from controller.limits import descriptors
 from harmonaize import __version__
+from harmonaize.exhaustion import families as exhaustion_families
 from harmonaize.messages import TuningStatus
 from harmonaize.metrics import Family, counter, gauge
 
@@ -121,14 +122,7 @@ def collect(server: ControllerServer) -> list[Family]:
         counter(f"{P}_admin_idle_closed_total",
                 "Admin connections closed for sitting idle.").add(stats.idle_closed),
     ]
-    families += [
-        counter(f"{P}_accept_exhausted_total",
-                "Connections not accepted for want of descriptors (they wait in the "
-                "backlog until some close).").add(server.exhaustion.failures),
-        counter(f"{P}_accept_exhausted_episodes_total",
-                "Episodes of running out of descriptors at accept (one log line "
-                "each).").add(server.exhaustion.episodes),
-    ]
+    families += exhaustion_families(P, server.exhaustion)
     if server.gateway is not None:
         families += gateway_families(server.gateway)
     if server.metrics is not None:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harmonaize.metrics import Family, counter
+
 log = logging.getLogger("harmonaize.exhaustion")
 
 #: The errors asyncio's accept loop treats as "out of a resource, try again later".
@@ -70,6 +72,18 @@ class AcceptExhaustion:
                         "wait until some close; said once until %g s pass without it",
                         _where(sock), os.strerror(exc.errno or 0), self.quiet)
         return began
+
+
+def families(prefix: str, exhaustion: AcceptExhaustion) -> list[Family]:
+    """The two counters every daemon with listeners exports."""
+    return [
+        counter(f"{prefix}_accept_exhausted_total",
+                "Connections not accepted for want of descriptors (they wait in the "
+                "backlog until some close).").add(exhaustion.failures),
+        counter(f"{prefix}_accept_exhausted_episodes_total",
+                "Episodes of running out of descriptors at accept (one log line "
+                "each).").add(exhaustion.episodes),
+    ]
 
 
 def _where(sock: Any) -> str:

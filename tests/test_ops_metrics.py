@@ -245,6 +245,8 @@ def test_agent_and_controller_metrics_follow_the_cluster(spawn, workdir: Path) -
     assert value(families, "harmonaize_agent_uplink_events_dropped_total") == 0
     assert agent.request("status")["host_id"] == "m1"
     assert value(families, "harmonaize_agent_socket_requests_total") >= 1
+    # Out of descriptors at accept is counted here as at the controller (none yet).
+    assert value(families, "harmonaize_agent_accept_exhausted_episodes_total") == 0
 
     # A fault shows in the counts (and nowhere as a per-GPU label).
     fake.inject_xid(2, 79)
