@@ -8,6 +8,7 @@ Targets (each its own process, in turn):
 * ``operator_requests``: lines on the controller's admin socket, through the
   real command table;
 * ``configuration``: the agent's and the controller's TOML files;
+* ``stats``: the agent's reader of the tuner plugin's stats files (tenants write them);
 * ``policy``: the tuner plugin's policy validation and acceptance rule, in C
   (libFuzzer with AddressSanitizer and UBSan; needs clang, installed if missing).
 
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("wire", "tenant", "operator_requests", "configuration", "policy")
+TARGETS = ("wire", "tenant", "operator_requests", "configuration", "stats", "policy")
 CORPUS = ROOT / "fuzz" / "corpus"
 CRASHES = ROOT / "build" / "fuzz" / "crashes"
 POLICY_FUZZER = ROOT / "native" / "build" / "policy_fuzz"

@@ -254,7 +254,7 @@ class _Admitted:
 
 
 @dataclass
-class _Reading:
+class SlotsReading:
     slots: dict[int, StatsSlot]
     stale: int
     reads: int
@@ -265,8 +265,8 @@ def _slot_seq(data: bytes, index: int) -> int:
     return int.from_bytes(data[offset:offset + 4], "little")
 
 
-def _read_slots(fd: int, pid: int, tag: int, tries: int,
-                previous: dict[int, StatsSlot]) -> _Reading | None:
+def read_slots(fd: int, pid: int, tag: int, tries: int,
+                previous: dict[int, StatsSlot]) -> SlotsReading | None:
     """Every in-use slot, each read consistently under its seqlock (None: malformed).
 
     At most ``tries`` reads of the file, and no waiting between them: a slot still odd
@@ -303,7 +303,7 @@ def _read_slots(fd: int, pid: int, tag: int, tries: int,
     for i in pending:  # a writer kept it odd: stuck mid-update, or hostile
         if i in previous:
             slots[i] = previous[i]
-    return _Reading(slots, len(pending), reads)
+    return SlotsReading(slots, len(pending), reads)
 
 
 def _alive(fd: int) -> bool:
@@ -411,7 +411,7 @@ class StatsReader:
                 return
             previous = state.readings.get(name)
             try:
-                reading = _read_slots(fd, int(match.group(1)), int(match.group(2), 16),
+                reading = read_slots(fd, int(match.group(1)), int(match.group(2), 16),
                                       self.limits.seqlock_tries,
                                       previous[1] if previous and previous[0] == identity
                                       else {})
