@@ -183,3 +183,18 @@ def test_item2_a_slot_that_stays_odd_is_stale_and_its_last_reading_stands(
     assert tries <= len(preads) <= 2 * tries
     stats.set(7)
     assert [s.collectives for s in reader.read(JOB)] == [7]
+
+
+def test_item2_junk_names_beyond_the_listing_cap_cannot_push_out_an_admitted_file(
+        folder: Path, files: list[Stats]) -> None:
+    """A listing stops at 4 * per_job names; a rank's file admitted before stays read."""
+    reader = StatsReader(folder.parent, StatsLimits(per_job=4))
+    real = Stats(folder, 7000, uid=RANK, collectives=1)
+    files.append(real)
+    assert [s.collectives for s in reader.read(JOB)] == [1]
+    for k in range(500):
+        (folder / f"junk-{k}").write_bytes(b"")
+    real.set(2)
+    slots = reader.read(JOB)
+    assert [s.collectives for s in slots] == [2]
+    assert slots.excess > 0  # the names it did not list are counted

@@ -355,8 +355,9 @@ class StatsReader:
             turn = (names[start:] + names[:start])[:self.limits.per_read]
             if len(turn) < len(names):
                 state.after = turn[-1]
+            now_read = set(turn)
             for name in names:
-                if name in turn:
+                if name in now_read:
                     self._read_file(folder, state, name, result, remove_dead)
                 else:
                     result.deferred += 1
@@ -367,13 +368,18 @@ class StatsReader:
         return result
 
     def _admit(self, folder: HeldDir, state: _Admitted, result: StatsSlots) -> None:
-        """Admitted files still there stay; new ones join in name order within the caps."""
+        """Admitted files still there stay; new ones join in name order within the caps.
+
+        A listing stops at ``4 * per_job`` names (a rank may make millions); admitted
+        files it did not reach are looked up by name, so junk cannot push them out."""
         listed, more = folder.names(4 * self.limits.per_job)
-        present = sorted(name for name in listed if STATS_NAME.fullmatch(name))
-        kept = [name for name in state.names if name in set(present)]
+        present = {name for name in listed if STATS_NAME.fullmatch(name)}
+        if more:
+            present.update(name for name in state.names if folder.entry(name) is not None)
+        kept = [name for name in state.names if name in present]
         owners: dict[int, int] = {}
-        admitted = []
-        for name in kept + [name for name in present if name not in set(kept)]:
+        admitted: list[str] = []
+        for name in kept + sorted(present.difference(kept)):
             info = folder.entry(name)
             if info is None:
                 continue
@@ -385,7 +391,8 @@ class StatsReader:
             admitted.append(name)
         result.excess += more
         state.names = sorted(admitted)
-        state.readings = {n: r for n, r in state.readings.items() if n in set(admitted)}
+        chosen = set(admitted)
+        state.readings = {n: r for n, r in state.readings.items() if n in chosen}
 
     def _read_file(self, folder: HeldDir, state: _Admitted, name: str, result: StatsSlots,
                    remove_dead: bool) -> None:
