@@ -340,6 +340,11 @@ class StatsReader:
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
 
+    def keep(self, jobs: set[str]) -> None:
+        """Forget what was kept for any other job (it ended)."""
+        for job in set(self._jobs) - jobs:
+            del self._jobs[job]
+
     def read(self, job: str, *, remove_dead: bool = True) -> StatsSlots:
         result = StatsSlots()
         try:
