@@ -457,6 +457,8 @@ def test_item1_each_refusal_is_one_exact_line_and_leaks_no_descriptor(workdir: P
                 "dir": "dir is a directory: refused", "sock": "sock is a socket: refused",
                 "theirs": f"theirs belongs to uid {NOBODY}, not 0: refused"}
             assert refusal(held.subdir, "link") == f"{workdir}/link is not a directory: refused"
+            assert refusal(held.subdir, "target") == \
+                f"{workdir}/target is not a directory: refused"
             assert refusal(held.subdir, "dir", owner=NOBODY) == \
                 f"{workdir}/dir belongs to uid 0, not {NOBODY}: refused"
         assert refusal(HeldDir.open, workdir / "link") == \
@@ -577,8 +579,11 @@ def test_item1_a_tree_too_deep_to_remove_is_left_in_one_line(workdir: Path) -> N
 
 
 def test_item1_directories_are_prepared_on_their_descriptor(workdir: Path) -> None:
-    root = workdir / "tuner"
+    root = workdir / "run" / "tuner"  # its parent made too
     prepare_dirs(root)
+    os.chown(root, 0, NOBODY)
+    root.chmod(0o777)
+    prepare_dirs(root)  # found, and made root's again
     info = root.stat()
     assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o711)
     prepare_job_dir(root, JOB, NOBODY)
@@ -591,4 +596,8 @@ def test_item1_directories_are_prepared_on_their_descriptor(workdir: Path) -> No
     with pytest.raises(Refused):
         prepare_job_dir(root, "planted", NOBODY)
     assert stat.S_IMODE(workdir.stat().st_mode) == 0o755  # the link's target is untouched
+    held = HeldDir.open(root)
+    held.close()
+    held.close()  # twice: nothing else is closed
+    assert held.fd == -1
 

@@ -185,7 +185,7 @@ class HeldDir:
         try:
             info = os.fstat(handle)
             check_regular(name, info, owner)
-            fd = os.open(f"/proc/self/fd/{handle}", (flags & ~os.O_CREAT) | REOPEN_FLAGS)
+            fd = os.open(f"/proc/self/fd/{handle}", flags | REOPEN_FLAGS)
         finally:
             os.close(handle)
         return fd
@@ -204,10 +204,8 @@ class HeldDir:
             info = os.fstat(fd)
             try:
                 os.rename(temporary, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            except OSError as exc:
-                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
-                    raise Refused(f"{name} is a directory: refused") from None
-                raise
+            except IsADirectoryError:  # a file renamed over a directory: EISDIR
+                raise Refused(f"{name} is a directory: refused") from None
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=self.fd)
