@@ -9,6 +9,11 @@ communicator what it follows and where it switched in
 long as the process lives. This module does the I/O: directories and their
 modes, the policy file written through its seqlock, the stats files read while
 their writers live.
+
+A job's directory is writable by every rank of the job, so every file operation
+here goes through :mod:`agent.tuning.hostilefs` (no link followed, nothing but
+the agent's own regular files written), and the stats files, a tenant's in
+number and content, are read with bounded work per call (:class:`StatsReader`).
 """
 
 from __future__ import annotations
