@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 from agent.config import LinksSection, TuningSection
 from agent.observations import Observations
-from agent.tuning.hostilefs import HeldDir, Refused
+from agent.tuning.hostilefs import HeldDir, Refused, describe
 from agent.tuning.layout import POLICY_SIZE, Policy, encode_policy
 from agent.tuning.loop import WritePolicy
 from agent.tuning.service import TuningService
@@ -434,6 +434,8 @@ def refusal(call, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
 def test_item1_each_refusal_is_one_exact_line_and_leaks_no_descriptor(workdir: Path) -> None:
     import socket  # noqa: PLC0415
 
+    assert describe(stat.S_IFREG | 0o644) == "a regular file"
+
     (workdir / "target").write_bytes(b"x")
     (workdir / "link").symlink_to(workdir / "target")
     os.mkfifo(workdir / "fifo")
@@ -536,8 +538,10 @@ def test_item1_listing_and_removal_never_follow_a_link(workdir: Path) -> None:
     (folder / "sub").mkdir()
     (folder / "tolink").symlink_to(outside)
     with HeldDir.open(folder) as held:
-        names, more = held.names(4)
-        assert len(names) == 4 and more == 4  # counting stops at the limit
+        names, more = held.names(5)
+        assert len(names) == 5 and more == 5  # counting stops at the limit
+        names, more = held.names(8)
+        assert len(names) == 8 and more == 4
         names, more = held.names(100)
         assert sorted(names) == sorted([f"f{k}" for k in range(10)] + ["sub", "tolink"])
         assert more == 0
@@ -592,6 +596,13 @@ def test_item1_directories_are_prepared_on_their_descriptor(workdir: Path) -> No
     prepare_job_dir(root, JOB, None)  # found, then made root's alone
     info = job_dir(root, JOB).stat()
     assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o700)
+    (root / "theirs").mkdir()
+    os.chown(root / "theirs", NOBODY, NOBODY)
+    assert refusal(prepare_job_dir, root, "theirs", NOBODY) == \
+        f"{root}/theirs belongs to uid {NOBODY}, not 0: refused"
+    os.chown(root, NOBODY, NOBODY)
+    assert refusal(prepare_dirs, root) == f"{root} belongs to uid {NOBODY}, not 0: refused"
+    os.chown(root, 0, 0)
     (root / "planted").symlink_to(workdir)
     with pytest.raises(Refused):
         prepare_job_dir(root, "planted", NOBODY)
