@@ -464,6 +464,16 @@ class TuningSection:
     congested_share: Fraction = 0.2
     #: Seconds after a start before files of jobs nobody declared again are removed.
     orphan_grace: Annotated[float, Num(0.0, 86400.0)] = 60.0
+    #: A job's stats files (the plugin writes one per rank process) considered at most;
+    #: more are counted (``harmonctl jobs``) and ignored ...
+    stats_files_per_job: Annotated[int, Num(1, 4096)] = 256
+    #: ... and at most this many of one uid (a file admitted once stays admitted).
+    stats_files_per_uid: Annotated[int, Num(1, 4096)] = 64
+    #: Stats files of a job read per look at most; the others in turn at the next looks.
+    stats_files_per_pass: Annotated[int, Num(1, 4096)] = 32
+    #: Reads of a stats file whose slot stays mid-update before the slot counts as stale
+    #: (no waiting between them).
+    stats_seqlock_tries: Annotated[int, Num(1, 64)] = 4
 
 
 @dataclass(frozen=True)

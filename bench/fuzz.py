@@ -8,6 +8,7 @@ Targets (each its own process, in turn):
 * ``operator_requests``: lines on the controller's admin socket, through the
   real command table;
 * ``configuration``: the agent's and the controller's TOML files;
+* ``stats``: the agent's reader of the tuner plugin's stats files (tenants write them);
 * ``gateway_requests``: raw bytes on the HTTP gateway's port (the real gateway and
   core over a socket: no 500, no hang, nothing logged as an error);
 * ``gateway_cursors``: cursors as ``Last-Event-ID`` and ``?since=`` carry them;
@@ -36,8 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("wire", "tenant", "operator_requests", "configuration", "gateway_requests",
-           "gateway_cursors", "gateway_bodies", "policy")
+TARGETS = ("wire", "tenant", "operator_requests", "configuration", "stats",
+           "gateway_requests", "gateway_cursors", "gateway_bodies", "policy")
 CORPUS = ROOT / "fuzz" / "corpus"
 CRASHES = ROOT / "build" / "fuzz" / "crashes"
 POLICY_FUZZER = ROOT / "native" / "build" / "policy_fuzz"

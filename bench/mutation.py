@@ -33,6 +33,8 @@ MODULES = {
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
     "agent/gpu/energy.py": ["tests/test_energy_loop.py"],
+    # Not sans-I/O: the one module that touches tenant-writable directories (real files).
+    "agent/tuning/hostilefs.py": ["tests/test_hardening_files.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]

@@ -16,7 +16,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.tuning.layout import Algo, Coll, CommEntry, Policy, Pref, Proto, Rule, encode_policy
+from agent.tuning.layout import (
+    FLAG_MAPPED,
+    STATS_HEADER,
+    STATS_HEADER_SIZE,
+    STATS_MAGIC,
+    STATS_SIZE,
+    STATS_SLOT_SIZE,
+    STATS_SLOTS,
+    STATS_VERSION,
+    Algo,
+    Coll,
+    CommEntry,
+    Policy,
+    Pref,
+    Proto,
+    Rule,
+    encode_policy,
+)
 from harmonaize import messages as m
 from harmonaize.schema import to_plain
 from tests.test_wire import SAMPLES
@@ -76,6 +93,23 @@ def main() -> None:
         for flags in (3, 7 | (8 << 3)):
             put("policy", struct.pack("<QQB", comm, 80, flags) + encode_policy(held)
                 + encode_policy(new))
+
+    stats_seeds()
+
+
+def stats_seeds() -> None:
+    """Stats files as the plugin writes them: settled slots, one left mid-update, none."""
+    hot, cold = struct.Struct("<QIIQII"), struct.Struct("<IIQQQQQQIIQQQII")
+    for seqs in ((2,), (2, 4, 6), (3,), (2, 5), ()):
+        image = bytearray(STATS_SIZE)
+        STATS_HEADER.pack_into(image, 0, STATS_MAGIC, STATS_VERSION, STATS_SLOTS, 4242, 22900,
+                               0x5EED)
+        for index, seq in enumerate(seqs):
+            offset = STATS_HEADER_SIZE + index * STATS_SLOT_SIZE
+            image[offset:offset + STATS_SLOT_SIZE] = (
+                hot.pack(0xC0FFEE + index, 8, 2, 1000 * seq, 1, seq)
+                + cold.pack(FLAG_MAPPED, 3, 1000, 1, 2, 900, 7, 6, 1, 0, 1, 2, 0, 0, 0))
+        put("stats", bytes(image))
 
 
 def gateway_seeds() -> None:

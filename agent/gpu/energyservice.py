@@ -29,7 +29,7 @@ from agent.gpu.energy import (
 )
 from agent.gpu.power import Originals, PowerControl, Saved, restore_left
 from agent.gpu.types import GpuSample
-from agent.tuning.shm import read_stats
+from agent.tuning.shm import StatsReader
 from harmonaize.messages import EnergyAllowance, JobDeclaration, JobEnergy
 
 log = logging.getLogger("harmonaize.agent")
@@ -45,6 +45,8 @@ class EnergyService:
         self.cfg = cfg
         self.loop = EnergyLoop(cfg)
         self.policy_dir = policy_dir
+        #: The ranks' stats files (a tenant's): bounded reads, in turn across looks.
+        self.stats_reader = StatsReader(policy_dir) if policy_dir is not None else None
         self.originals = Originals(Path(state_dir) / ENERGY_FILE)
         self.control = PowerControl(self.originals, handles, call_timeout, on_done=wake)
         self.info: dict[str, PowerInfo] = {}
@@ -138,12 +140,13 @@ class EnergyService:
                 # A GPU shared by several jobs is nobody's to slow.
                 job_of[index] = names.pop()
         progress = {}
-        if self.policy_dir is not None:
+        if self.stats_reader is not None:
+            self.stats_reader.keep(set(job_of.values()) & set(jobs))
             for job in sorted(set(job_of.values()) & set(jobs)):
                 pids = {p.pid: snap.identity.index for snap in sample.gpus
                         if job_of.get(snap.identity.index) == job and snap.telemetry
                         for p in snap.telemetry.processes}
-                slots = read_stats(self.policy_dir, job, remove_dead=False)
+                slots = self.stats_reader.read(job, remove_dead=False)
                 progress.update(progress_of(slots, pids))
         gpus = []
         for snap in sample.gpus:

@@ -768,13 +768,19 @@ class StatsSlot:
 
 class StatsSlots(list[StatsSlot]):
     """The live slots of a job, plus how many stats files were malformed and how
-    many were left by processes that died (removed as they are found)."""
+    many were left by processes that died (removed as they are found); and of one
+    bounded read: files over the caps (``excess``), files left to the next read
+    (``deferred``), slots left mid-update (``stale``), file reads made (``reads``)."""
 
     def __init__(self, slots: Iterable[StatsSlot] = (), malformed: int = 0,
                  dead: int = 0) -> None:
         super().__init__(slots)
         self.malformed = malformed
         self.dead = dead
+        self.excess = 0
+        self.deferred = 0
+        self.stale = 0
+        self.reads = 0
 
 
 STATS_NAME = re.compile(r"([0-9]{1,10})-([0-9a-f]{16})\.stats")

@@ -24,12 +24,9 @@ declaration claims within ``orphan_grace`` seconds of a start are removed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import grp
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,7 +40,7 @@ from agent.links.types import LinkSample
 from agent.observations import Observations
 from agent.tuning import nextlaunch
 from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
-from agent.tuning.layout import NCCL_CAP_VERSION, U32_MAX, StatsSlots, validate_job
+from agent.tuning.layout import NCCL_CAP_VERSION, U32_MAX, Policy, StatsSlots
 from agent.tuning.loop import (
     Action,
     LoopSettings,
@@ -58,13 +55,16 @@ from agent.tuning.owners import GroupUsers
 from agent.tuning.policies import CHOICE_NAMES, describe_rule
 from agent.tuning.shm import (
     PolicyFile,
-    job_dir,
+    StatsLimits,
+    StatsReader,
+    job_names,
     launch_path,
     policy_path,
     prepare_dirs,
     prepare_job_dir,
     read_policy,
-    read_stats,
+    remove_job_dir,
+    write_launch,
 )
 from harmonaize.messages import (
     AckPhase,
@@ -94,6 +94,11 @@ def settings_from(cfg: TuningSection) -> LoopSettings:
         link_classes=tuple(cfg.link_classes))
 
 
+def limits_from(cfg: TuningSection) -> StatsLimits:
+    return StatsLimits(per_job=cfg.stats_files_per_job, per_uid=cfg.stats_files_per_uid,
+                       per_read=cfg.stats_files_per_pass, seqlock_tries=cfg.stats_seqlock_tries)
+
+
 def resolve_group(group: str) -> int | None:
     """A group name or number from a placement; None (root only) if empty or unknown."""
     if not group:
@@ -116,6 +121,8 @@ class TuningService:
         self.publish = publish
         self.dir = Path(cfg.policy_dir)
         self.loop = TuningLoop(settings_from(cfg))
+        #: The ranks' stats files, read with bounded work per look (they are a tenant's).
+        self.reader = StatsReader(self.dir, limits_from(cfg))
         self.shaper = htb if htb is not None else (HtbShaper() if cfg.htb else None)
         self._owners = GroupUsers()
         self.files: dict[str, PolicyFile] = {}
@@ -140,14 +147,12 @@ class TuningService:
     def start(self, now: float) -> None:
         try:
             prepare_dirs(self.dir)
-            entries = os.listdir(self.dir)
-        except OSError as exc:  # the agent serves on; each write will say why it failed
-            self._fail(f"policy directory {self.dir}: {exc.strerror or exc}")
+            entries = job_names(self.dir)
+        except (OSError, ValueError) as exc:  # the agent serves on; each write says why
+            self._fail(f"policy directory {self.dir}: {getattr(exc, 'strerror', None) or exc}")
             entries = []
         for entry in entries:
-            with contextlib.suppress(ValueError):
-                if (self.dir / validate_job(entry)).is_dir():
-                    self._orphans[entry] = now + self.cfg.orphan_grace
+            self._orphans[entry] = now + self.cfg.orphan_grace
         if self.shaper is not None:
             try:
                 self.shaper.remove_stale()
@@ -159,7 +164,7 @@ class TuningService:
         indices); then the traffic classes go. Policy files stay for the next agent."""
         now = time.time() if now is None else now
         try:
-            fresh = {job: read_stats(self.dir, job) for job in self.loop.jobs}
+            fresh = {job: self.reader.read(job) for job in self.loop.jobs}
             self._run(self.loop.shutdown(fresh, now), now)
         except Exception as exc:
             log.warning("tuning: returning to NCCL's choices at stop: %s", exc)
@@ -198,17 +203,16 @@ class TuningService:
         self._run(actions, now)
 
     def _adopt(self, job: str, now: float) -> list[Action] | None:
-        path = policy_path(self.dir, job)
-        slots = read_stats(self.dir, job)
-        if not path.exists() and not slots:
-            return None
+        slots = self.reader.read(job)
         policy = None
-        if path.exists():
-            try:
-                policy = read_policy(path)
-            except (OSError, ValueError) as exc:
-                log.warning("job %s: the previous policy is unreadable (%s): rebuilding it from "
-                            "what its ranks follow", job, exc)
+        try:
+            policy = read_policy(policy_path(self.dir, job))
+        except FileNotFoundError:
+            if not slots:
+                return None
+        except (OSError, ValueError) as exc:
+            log.warning("job %s: the previous policy is unreadable (%s): rebuilding it from "
+                        "what its ranks follow", job, exc)
         if policy is not None:
             self.policy_ids[job] = policy.policy_id
         if (policy is None or not policy.comms) and not any(s.revision for s in slots):
@@ -241,7 +245,10 @@ class TuningService:
         reason = "no declaration for the job on this host"
         try:
             path = policy_path(self.dir, message.job)
-            policy = read_policy(path) if path.exists() else None
+            try:
+                policy: Policy | None = read_policy(path)
+            except FileNotFoundError:
+                policy = None
             resolved = resolved_policy(policy, message) if policy is not None else None
             if resolved is not None:
                 with PolicyFile(path) as handle:
@@ -261,7 +268,7 @@ class TuningService:
         """Fresh records of one job's ranks, so the loop judges the present."""
         state = self.loop.jobs.get(job)
         if state is not None:
-            self.stats[job] = read_stats(self.dir, job)
+            self.stats[job] = self.reader.read(job)
             self.loop.refresh(job, self.stats[job], now)
 
     # --- each pass ------------------------------------------------------------------
@@ -274,7 +281,7 @@ class TuningService:
             return  # nothing declared, written or shaped: most passes on most hosts
         sample = observations.links
         if self.loop.jobs:  # nothing to read or decide (or pay for) without declarations
-            self.stats = {job: read_stats(self.dir, job) for job in self.loop.jobs}
+            self.stats = {job: self.reader.read(job) for job in self.loop.jobs}
             try:
                 self._run(self.loop.step(links, self.stats, now), now)
             except Exception as exc:  # one bad pass must not stop the next
@@ -305,7 +312,7 @@ class TuningService:
         waiting = [name for name, job in self.loop.jobs.items() if job.arming or job.acking]
         if waiting:
             # Armed entries are in the files: what do the ranks say now?
-            fresh = {name: read_stats(self.dir, name) for name in waiting}
+            fresh = {name: self.reader.read(name) for name in waiting}
             self.stats.update(fresh)
             self._run(self.loop.confirm(fresh, now), now)
 
@@ -330,9 +337,11 @@ class TuningService:
         handle = self.files.pop(job, None)
         if handle is not None:
             handle.remove()
-        folder = job_dir(self.dir, job)
-        with contextlib.suppress(OSError):
-            shutil.rmtree(folder)
+        self.reader.forget(job)
+        try:
+            remove_job_dir(self.dir, job)
+        except (OSError, ValueError) as exc:
+            self._fail(f"job {job}: removing its directory: {exc}")
         self.launch.pop(job, None)
         self._launch_at.pop(job, None)
 
@@ -416,16 +425,10 @@ class TuningService:
             text = nextlaunch.render(job, self.recommendations(job), self.experience(job))
             if text == self.launch.get(job):
                 continue
-            path = launch_path(self.dir, job)
-            tmp = path.with_name(f".{path.name}.tmp")
             try:
-                tmp.write_text(text)
-                tmp.chmod(0o640)
-                if os.geteuid() == 0:
-                    os.chown(tmp, 0, path.parent.stat().st_gid)
-                os.replace(tmp, path)
-            except OSError as exc:
-                self._fail(f"job {job}: writing {path.name}: {exc}")
+                write_launch(self.dir, job, text)
+            except (OSError, ValueError) as exc:
+                self._fail(f"job {job}: writing {launch_path(self.dir, job).name}: {exc}")
                 continue
             self.launch[job] = text
 
@@ -466,7 +469,13 @@ class TuningService:
                 "evidence": self.loop.evidence, "policy_dir": str(self.dir),
                 "thresholds": {name: getattr(self.links_cfg, name)
                                for name in sorted(LinksSection.LIVE)},
-                "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error}
+                "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error,
+                # Tenants' stats files beyond the caps (ignored), left to later looks, and
+                # slots read mid-update, since the start: what a tenant made the agent skip.
+                "stats_files": {"ignored": self.reader.totals["excess"],
+                                "deferred": self.reader.totals["deferred"],
+                                "stale_slots": self.reader.totals["stale"],
+                                "malformed": self.reader.totals["malformed"]}}
 
     def policy_view(self, args: Mapping[str, Any], now: float) -> dict[str, Any]:
         name = self._job(args.get("job"))
@@ -515,6 +524,8 @@ class TuningService:
                         "fallbacks": s.fallbacks, "nccl": s.nccl_version}
                        for s in stats],
             "malformed_stats_files": stats.malformed,
+            "ignored_stats_files": stats.excess,
+            "stale_stats_slots": stats.stale,
             "history": [{"time": c.time, "step": c.step, "kind": c.kind, "from": c.before,
                          "to": c.after, "reason": c.reason, "onset_step": c.onset_step,
                          "activations": [[f"{comm:#x}", at] for comm, at in c.activations]}
