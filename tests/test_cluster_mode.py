@@ -1,7 +1,12 @@
 """Cluster mode with real processes: a three-node NATS JetStream cluster, controller
 replicas, probe agents and recording tenants, each in a network namespace. Replicas
 and NATS nodes are killed, partitioned and restarted; what agents were acknowledged
-must reach tenants once, at the same numbers whichever replica serves them."""
+must reach tenants once, at the same numbers whichever replica serves them.
+
+Tenants are subscribed before any agent starts: a fresh subscriber is not sent events
+published before it subscribed (docs/wire.md), so an advisory acknowledged before then
+is not one it should have. On a busy machine a tenant started beside the agent
+subscribed after the first advisories, and the test waited for them in vain."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from harmonaize.testbed.cluster import Timeout
 from harmonaize.testbed.natscluster import FEED_PORT, Clustered, read_lines, wait_for
 from tests.conftest import ROOT, needs_root, python
 
@@ -81,10 +87,28 @@ def check_feed(record: Path) -> None:
 
 def settle(cluster: Clustered, records: list[Path], tenants: list[Path], n: int) -> None:
     """Until the agents are done and every acknowledged advisory reached the tenants."""
+    def missing() -> dict[str, list[int]]:
+        sent = set().union(*(acked(r) for r in records))
+        return {t.name: sorted(sent - set(advised(t))) for t in tenants}
+
     def done() -> bool:
         sent = set().union(*(acked(r) for r in records))
-        return len(sent) >= n and all(sent <= set(advised(t)) for t in tenants)
-    wait_for(done, 120, "every acknowledged advisory at every tenant")
+        return len(sent) >= n and not any(missing().values())
+    try:
+        wait_for(done, 120, "every acknowledged advisory at every tenant")
+    except Timeout as exc:  # say which, so a failure tells lost from never sent
+        acks = len(set().union(*(acked(r) for r in records)))
+        raise Timeout(f"{exc}: {acks} of {n} acknowledged; not at the tenants: "
+                      + "; ".join(f"{name} {gone[:20]}" for name, gone in missing().items())
+                      ) from None
+
+
+def tenants_before_agents(cluster: Clustered, hosts: dict[str, list[str] | None],
+                          topics: list[str]) -> list[Path]:
+    """Recording tenants on ``hosts`` (each at the replicas named, or all), every one
+    subscribed to the job's topic before this returns."""
+    return [cluster.start_tenant(host, "acme", topics, replicas, subscribed_to=TOPIC)
+            for host, replicas in hosts.items()]
 
 
 def test_replicas_share_agents_and_tenants_see_one_feed(cluster: Clustered) -> None:
@@ -92,11 +116,11 @@ def test_replicas_share_agents_and_tenants_see_one_feed(cluster: Clustered) -> N
         cluster.start_replica(name)
     leader = cluster.leader()
     place(cluster, 100, "a1", "a2")
+    tenants = tenants_before_agents(cluster, {"t1": ["r1"], "t2": ["r2"]},
+                                    ["job/acme/", "pool/"])
+    # Ranks 0, 2, 4, ... are on a1 and the rest on a2: each agent names its own.
     records = [cluster.start_agent("a1", job=JOB, count=50, rate=40, replicas=["r1"]),
                cluster.start_agent("a2", job=JOB, count=50, rate=40, replicas=["r2"])]
-    # Ranks 0, 2, 4, ... are on a1 and the rest on a2: each agent names its own.
-    tenants = [cluster.start_tenant("t1", "acme", ["job/acme/", "pool/"], ["r1"]),
-               cluster.start_tenant("t2", "acme", ["job/acme/", "pool/"], ["r2"])]
     settle(cluster, records, tenants, 50)
     first, second = (read_lines(t) for t in tenants)
     job = [(x["seq"], x["body"]) for x in first if x["topic"] == TOPIC]
@@ -110,14 +134,43 @@ def test_replicas_share_agents_and_tenants_see_one_feed(cluster: Clustered) -> N
     assert hosts == {"a1", "a2"}  # the leader's view, asked of either replica
 
 
+@pytest.mark.hardening
+def test_a_tenant_subscribed_after_advisories_is_not_sent_them_so_tests_subscribe_first(
+        cluster: Clustered) -> None:
+    """Why the tests in this file start their tenants first: at any replica, a fresh
+    subscriber gets the topic's condition and what is published from then on, never the
+    events before it. (Tenants started beside the agent missed its first advisories on
+    a busy machine, and the leader-kill test waited for them until it timed out.)"""
+    for name in ("r1", "r2"):
+        cluster.start_replica(name)
+    cluster.leader()
+    place(cluster, 200, "a1", "a2")
+    [early] = tenants_before_agents(cluster, {"t1": ["r1"]}, ["job/acme/"])
+    before = cluster.start_agent("a1", job=JOB, count=20, rate=40, step=2)
+    settle(cluster, [before], [early], 20)  # published and at r1: the feed has them
+    [late] = tenants_before_agents(cluster, {"t2": ["r2"]}, ["job/acme/"])
+    after = cluster.start_agent("a2", job=JOB, count=10, rate=40, first=101, step=2)
+    settle(cluster, [before, after], [early], 30)
+    settle(cluster, [after], [late], 10)
+    assert not set(advised(late)) & acked(before), "events from before it subscribed"
+    assert sorted(advised(late)) == sorted(acked(after))
+    check_feed(early)
+    # The late one: the condition first (its seq may be old), then each number once,
+    # without a hole, from the first published after it subscribed.
+    job = [line for line in read_lines(late) if line["topic"] == TOPIC]
+    assert job[0]["kind"] == "job-health"
+    seqs = [line["seq"] for line in job[1:]]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+
+
 def test_killing_the_leader_loses_nothing_acknowledged_and_delivers_nothing_twice(
         cluster: Clustered) -> None:
     for name in ("r1", "r2", "r3"):
         cluster.start_replica(name)
     leader = cluster.leader()
     place(cluster, 400, "a1")
+    tenants = tenants_before_agents(cluster, {"t1": None, "t2": None}, ["job/acme/"])
     record = cluster.start_agent("a1", job=JOB, count=300, rate=30)
-    tenants = [cluster.start_tenant(t, "acme", ["job/acme/"]) for t in ("t1", "t2")]
     wait_for(lambda: len(acked(record)) >= 80, 60, "the first advisories")
     cluster.kill_replica(leader)  # SIGKILL, mid-stream
     settle(cluster, [record], [t for t in tenants], 300)
@@ -148,8 +201,8 @@ def test_a_nats_node_killed_and_every_process_restarted(cluster: Clustered) -> N
         cluster.start_replica(name)
     cluster.leader()
     place(cluster, 200, "a1")
+    [tenant] = tenants_before_agents(cluster, {"t1": None}, ["job/acme/"])
     record = cluster.start_agent("a1", job=JOB, count=120, rate=30)
-    tenant = cluster.start_tenant("t1", "acme", ["job/acme/"])
     wait_for(lambda: len(acked(record)) >= 30, 60, "the first advisories")
     cluster.kill_nats("n2")  # R3 streams carry on with two of three
     wait_for(lambda: len(acked(record)) >= 80, 60, "advisories with a node down")
@@ -185,8 +238,8 @@ def test_a_partitioned_leader_steps_down_and_its_successor_goes_on(
         cluster.start_replica(name)
     leader = cluster.leader()
     place(cluster, 400, "a1")
+    [tenant] = tenants_before_agents(cluster, {"t1": None}, ["job/acme/"])
     record = cluster.start_agent("a1", job=JOB, count=240, rate=30)
-    tenant = cluster.start_tenant("t1", "acme", ["job/acme/"])
     wait_for(lambda: len(acked(record)) >= 60, 60, "the first advisories")
     cluster.lab.cut(leader)
     successor = wait_for(lambda: _other_leader(cluster, leader), 60, "a new leader")

@@ -195,8 +195,14 @@ class Clustered:
         return record
 
     def start_tenant(self, host: str, tenant: str, topics: Sequence[str],
-                     replicas: Sequence[str] | None = None) -> Path:
-        """A tenant on ``host`` whose FeedClient records every message it is given."""
+                     replicas: Sequence[str] | None = None, *,
+                     subscribed_to: str | None = None, timeout: float = 60.0) -> Path:
+        """A tenant on ``host`` whose FeedClient records every message it is given.
+
+        With ``subscribed_to`` (a topic that exists), returns only once the tenant's
+        subscription was answered with that topic's position: a fresh subscriber is not
+        sent events published before it subscribed (docs/wire.md), so a test that counts
+        every event a tenant should have must not start their source before this."""
         creds = self.keyring.tenant(tenant)
         record = self.workdir / f"{host}.feed"
         names = list(replicas or self.replicas)
@@ -207,7 +213,20 @@ class Clustered:
                               *[a for t in topics for a in ("--topic", t)],
                               *[a for e in endpoints for a in ("--endpoint", e)]],
                        log=self.workdir / f"{host}.log")
+        if subscribed_to is not None:
+            wait_for(lambda: subscribed(record, subscribed_to), timeout,
+                     f"tenant {host}'s subscription to {subscribed_to}")
         return record
+
+
+def subscribed(record: Path, topic: str) -> bool:
+    """Whether the recording tenant's subscription was answered with ``topic``'s
+    position (from its status file)."""
+    try:
+        status = json.loads(Path(f"{record}.status").read_text())
+        return status["stats"]["subscriptions"] > 0 and topic in status["positions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # not written yet, or being written
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
