@@ -389,24 +389,24 @@ class ControllerCore:
     def _tenant(self, peer: TenantPeer, message: Envelope | BadFrame,
                 now: float) -> list[Output]:
         stats = self.feed.stats
-        stats["requests"] += 1
+        # Every request spends the budget, a bad one too, before any answer is made:
+        # over budget it is dropped unanswered (a renewal comes again).
+        if not peer.admitted and not self.feed.admit(peer.tenant, now):
+            return []
         if isinstance(message, BadFrame):
             stats["bad_request"] += 1
             if message.reason == "framing":
                 return []  # nothing to answer: not one request
-            # A readable envelope (its number known) with a wrong field, or not a frame.
-            code = ErrorCode.INVALID if message.seq else ErrorCode.MALFORMED
+            # A readable envelope with a wrong body is invalid (seq 0 too); an unreadable
+            # one is malformed.
+            code = ErrorCode.INVALID if message.readable else ErrorCode.MALFORMED
             return [AnswerTenant(peer.peer, Reply(message.seq, False,
                                                   f"rejected: {message.detail}"[:1000],
                                                   code.value))]
-        if not self.feed.hub.admit(peer.tenant, now):
-            # Over the tenant's request budget: dropped (a renewal comes again).
-            stats["throttled_requests"] += 1
-            return []
         body = message.body
         if isinstance(body, Subscribe):
             # About stored state only: the feed's numbers move in tick(), committed at once.
-            return self.feed.subscribe(peer, body, now)
+            return self.feed.subscribe(peer, body, now, number=message.seq)
         if isinstance(body, JobDeclaration):
             error = self._declare(peer.tenant, body)
         elif isinstance(body, ValidationAnswer):

@@ -120,8 +120,10 @@ class Publications:
 
     # --- subscribers -----------------------------------------------------------------------
 
-    def subscribe(self, peer: TenantPeer, request: Subscribe, now: float) -> list[Output]:
-        """The answer, then the present for a new subscriber and what a resumed one missed."""
+    def subscribe(self, peer: TenantPeer, request: Subscribe, now: float, *,
+                  number: int = 0) -> list[Output]:
+        """The answer (naming the request's ``number``, its envelope's seq), then the
+        present for a new subscriber and what a resumed one missed."""
         hub, tenant = self.hub, peer.tenant
         new = peer.peer not in hub.subscribers
         result = hub.subscribe(peer.peer, tenant, request, now, self.seqs, epoch=self.epoch)
@@ -135,8 +137,8 @@ class Publications:
         # the client counts the loss at once instead of waiting for it.
         oldest = tuple(Position(topic, first) for topic, after in result.replay
                        if after < (first := self._retained_from(topic)) - 1)
-        out: list[Output] = [AnswerTenant(peer.peer, replace(result.reply,
-                                                             oldest=oldest[:1024]))]
+        out: list[Output] = [AnswerTenant(peer.peer, replace(
+            result.reply, oldest=oldest[:1024], request=number))]
         if peer.peer not in hub.subscribers:
             return out
         for topic in result.conditions:  # a late joiner gets the present at once
@@ -162,15 +164,24 @@ class Publications:
         """The oldest sequence number of ``topic`` that is still retained."""
         return max(1, self.seqs.get(topic, 0) - self.cfg.retention + 1)
 
+    def admit(self, tenant: str, now: float) -> bool:
+        """Spend one request of the tenant's budget, whatever the request turns out to
+        be: counted as a request, and as throttled when over budget. Every door calls it
+        first, before reading more of the request than names its tenant, so that a
+        flood of invalid requests costs no more answers than a flood of valid ones."""
+        self.stats["requests"] += 1
+        if self.hub.admit(tenant, now):
+            return True
+        self.stats["throttled_requests"] += 1
+        return False
+
     def attach(self, peer: TenantPeer, topics: tuple[str, ...],
                now: float) -> Subscribed | None:
         """A stream (the HTTP gateway's) subscribes for as long as it is connected: no
         renewals, no replay here (it reads the log from its cursor itself). None: over
         the tenant's request budget."""
         hub = self.hub
-        self.stats["requests"] += 1
-        if not hub.admit(peer.tenant, now):
-            self.stats["throttled_requests"] += 1
+        if not peer.admitted and not self.admit(peer.tenant, now):
             return None
         result = hub.subscribe(peer.peer, peer.tenant, Subscribe(topics), now, self.seqs,
                                epoch=self.epoch)

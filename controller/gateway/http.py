@@ -312,6 +312,14 @@ class Gateway:
         raise Refused(ErrorCode.NOT_AUTHENTICATED, "no credentials: send Authorization: "
                       "Bearer <token>, or a client certificate")
 
+    def _admitted(self, request: web.Request, *, session: bool = False) -> str:
+        """The request's tenant, once the request spent its request budget: before its
+        body or query is read, so an invalid request costs what a valid one does."""
+        tenant = self._identify(request, session=session)
+        if not self.shell.core.feed.admit(tenant, time.monotonic()):
+            raise Refused(ErrorCode.THROTTLED, "over your request budget: retry in a second")
+        return tenant
+
     # --- requests ----------------------------------------------------------------------
 
     async def _json(self, request: web.Request) -> Any:
@@ -338,7 +346,7 @@ class Gateway:
         if reply is None:
             self._answers[peer] = None
             try:
-                self.shell.execute(self.shell.core.receive(TenantPeer(peer, tenant), message,
+                self.shell.execute(self.shell.core.receive(TenantPeer(peer, tenant, True), message,
                                                            time.monotonic()))
                 reply = self._answers[peer]
             finally:
@@ -360,13 +368,13 @@ class Gateway:
             return BadFrame("invalid", str(exc), next(self._numbers))
 
     async def _declare(self, request: web.Request) -> web.Response:
-        tenant = self._identify(request)
+        tenant = self._admitted(request)
         body = self._typed(JobDeclaration, await self._json(request))
         await self._ask(request, tenant, body)
         return web.json_response({"ok": True, "request_id": request["request_id"]})
 
     async def _answer(self, request: web.Request) -> web.Response:
-        tenant = self._identify(request)
+        tenant = self._admitted(request)
         data = await self._json(request)
         if not isinstance(data, dict):
             raise Refused(ErrorCode.INVALID, "validation-answer: expected a JSON object")
@@ -376,7 +384,7 @@ class Gateway:
                                   "notice": request.match_info["notice"]})
 
     async def _notices(self, request: web.Request) -> web.Response:
-        tenant = self._identify(request)
+        tenant = self._admitted(request)
         if not tenant:
             raise Refused(ErrorCode.NOT_AUTHENTICATED, "notices are a tenant's own")
         remote = await self.shell.query("tenant-notices", {"tenant": tenant})
@@ -413,7 +421,7 @@ class Gateway:
     # --- the feed ----------------------------------------------------------------------
 
     async def _feed(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._identify(request, session=True)
+        tenant = self._admitted(request, session=True)
         topics = tuple(dict.fromkeys(request.query.getall("topic", ["pool/"])))
         if not 1 <= len(topics) <= 64 or not all(_TOPIC.fullmatch(t) for t in topics):
             raise Refused(ErrorCode.INVALID, "topic: 1 to 64 topic prefixes of letters, "
@@ -429,7 +437,7 @@ class Gateway:
                           f"({self.cfg.streams_per_tenant} per tenant)")
         peer = PEER + f"s{next(self._numbers)}".encode()
         core = self.shell.core
-        reply = core.attach(TenantPeer(peer, tenant), topics, time.monotonic())
+        reply = core.attach(TenantPeer(peer, tenant, True), topics, time.monotonic())
         if reply is None:
             raise Refused(ErrorCode.THROTTLED, "over your request budget: retry in a second")
         if not reply.accepted:
@@ -446,7 +454,9 @@ class Gateway:
         try:
             await response.prepare(request)
             await self._write(response, events.event(
-                "subscribed", to_plain(reply), self.cfg.source, event_id=f"{peer.hex()}",
+                # A random id: a count of the gateway's would tell a tenant how many
+                # requests others made.
+                "subscribed", to_plain(reply), self.cfg.source, event_id=uuid.uuid4().hex,
                 time=time.time()), None)
             epoch = core.feed.epoch
             if cursor is not None and cursor.epoch == epoch:
