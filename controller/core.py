@@ -66,7 +66,7 @@ from controller.outputs import (
     Writes,
 )
 from controller.publications import Publications
-from controller.redaction import Redactor
+from controller.redaction import Redactor, job_topic
 from controller.types import Placement
 from harmonaize.messages import (
     Envelope,
@@ -127,6 +127,9 @@ class ControllerCore:
         self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))
+        placed = {job_topic(p.tenant, p.job) for p in restored.placements}
+        for topic in [t for t in self.feed.latest if t.startswith("job/") and t not in placed]:
+            self.feed.forget(topic)  # an unplaced job's last health is not its present
         self.frames = 0
         self.rejected: Counter[str] = Counter()
         self._reject_window = (-math.inf, 0)
@@ -141,7 +144,7 @@ class ControllerCore:
         self._liveness_checked = -math.inf
         self._expiry_checked = -math.inf
         self._next_republish = now + cfg.feed.republish
-        self._next_prune = now + FEED_PRUNE_INTERVAL
+        self._next_prune = now  # at once: the log as the retention in force says
 
     # --- the interface ----------------------------------------------------------------
 
@@ -221,6 +224,7 @@ class ControllerCore:
         if previous is not None and previous.tenant != placement.tenant:
             # A job id now belongs to someone else: the old owner's declaration is void.
             self._withdraw(placement.job)
+            self.feed.forget(job_topic(previous.tenant, placement.job))
         self._placements[placement.job] = placement
         self.redactor.place(placement)
         self.agreement.set_hosts(placement.job, placement.hosts)
@@ -236,6 +240,8 @@ class ControllerCore:
         if job not in self.redactor.placements:
             raise KeyError(job)
         self._now = now
+        # Its last job-health is no present any more: new subscribers are not sent it.
+        self.feed.forget(job_topic(self.redactor.placements[job].tenant, job))
         self._withdraw(job)
         self._placements[job] = None
         self.redactor.remove_job(job)
@@ -250,6 +256,10 @@ class ControllerCore:
         self.cluster.missed_heartbeats = cfg.liveness.missed_heartbeats
         self.cluster.silent_from = -math.inf  # fewer heartbeats may be missed now: look
         self.feed.configure(cfg.feed)
+        if cfg.feed.retention != old.feed.retention:
+            # Pruned at once: the ZeroMQ feed's replays follow the new retention at once,
+            # and the HTTP gateway reads the log, so the log must too.
+            self._next_prune = -math.inf
         if cfg.redaction != old.redaction:
             self.redactor.cfg = cfg.redaction
             self.cluster.changed = True  # recompute what tenants see under the new rules

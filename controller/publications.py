@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from controller.feed import Budgets, FeedHub, may_see, stream_of
+from controller.feed import Budgets, FeedHub, may_see, stream_of, streams_of
 from controller.outputs import (
     AnswerTenant,
     Delivery,
@@ -59,6 +59,9 @@ class Publications:
         #: Each stream's newest offset (controller/feed.py:stream_of).
         self.offsets = offsets if offsets is not None else {}
         self._dirty_offsets: dict[str, int] = {}
+        #: A copy of a feed numbered elsewhere (a cluster replica's): it may be behind
+        #: what a tenant already saw at another replica, and catches up.
+        self.follower = False
         self.hub = FeedHub(renew=cfg.renew, budgets=budgets(cfg))
         #: Feed and request counters (controller/selfmetrics.py names them).
         self.stats: Counter[str] = Counter()
@@ -111,6 +114,17 @@ class Publications:
         return [SendToTenant(sub.peer, topic, frame)
                 for topic, (_, frame, _) in self.latest.items()
                 for sub in self.hub.targets(topic)]
+
+    def heads(self, tenant: str) -> tuple[int, int]:
+        """The newest offsets of the two streams the tenant may see (pool, its jobs)."""
+        pool, jobs = streams_of(tenant)
+        return self.offsets.get(pool, 0), self.offsets.get(jobs, 0)
+
+    def forget(self, topic: str) -> None:
+        """A topic with no present any more (its job was unplaced): its last condition is
+        neither republished nor sent to new subscribers; what was published stays in
+        the log for resumes."""
+        self.latest.pop(topic, None)
 
     def take_dirty(self) -> tuple[dict[str, int], tuple[FeedEntry, ...], dict[str, int]]:
         dirty, self._dirty = self._dirty, {}

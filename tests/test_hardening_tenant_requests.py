@@ -17,8 +17,17 @@ import zmq
 from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from tests.conftest import Spawn, needs_root
-from tests.daemons import Controller, curve_dealer, keyring, start_controller, wait_until
-from tests.sse import CurlStream
+from tests.daemons import (
+    Controller,
+    FakeAgent,
+    curve_dealer,
+    keyring,
+    start_controller,
+    tenant_feed,
+    wait_until,
+)
+from tests.sse import CurlStream, curl
+from tests.test_controller_feed import Sender, advice, place
 from tests.test_tenant_http import bearer, gateway, token
 
 pytestmark = [pytest.mark.hardening, needs_root]
@@ -153,3 +162,95 @@ def test_the_subscribed_event_id_over_http_counts_nobody_elses_requests(
     assert len(set(ids)) == 3
     # Random, not a count: nothing in them moves with the requests made between.
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_a_cursor_beyond_the_present_is_refused_in_one_clear_line(spawn: Spawn,
+                                                                  workdir: Path) -> None:
+    controller, url = gateway(spawn, workdir)
+    secret = token(controller, "acme")
+    stream = CurlStream(spawn, f"{url}/feed?topic=pool/", *bearer(secret))
+    try:
+        epoch = stream.next().data["data"]["epoch"]
+    finally:
+        stream.close()
+    for beyond in (f"{epoch:x}-999-0", f"{epoch:x}-0-5"):
+        status, body, _ = curl("GET", f"{url}/feed?topic=job/acme/", *bearer(secret),
+                               "-H", f"Last-Event-ID: {beyond}")
+        assert status == 400 and body["error"]["code"] == "invalid"
+        assert body["error"]["message"] == (f"Last-Event-ID: {beyond} is beyond the present "
+                                            f"({epoch:x}-0-0): resume from a cursor the feed "
+                                            "gave, or without one")
+
+
+def test_after_a_retention_reload_both_transports_say_the_same_is_lost(
+        spawn: Spawn, workdir: Path, ctx: zmq.Context) -> None:
+    controller, url = gateway(spawn, workdir, "[feed]\nretention = 50\n")
+    place(controller, "job-a", "alpha", *["h1"] * 20)
+    sender = Sender(FakeAgent(ctx, controller))
+    for rank in range(20):
+        sender.send(advice("job-a", rank))
+    controller.config.write_text(controller.config.read_text().replace(
+        "retention = 50", "retention = 5"))
+    controller.request("reload")
+    sock = tenant_socket(ctx, controller, "alpha")
+    topic = "job/alpha/job-a/"
+    sock.send(encode(m.Subscribe(("job/alpha/",), (m.Position(topic, 0),), epoch=0),
+                     sender="t", seq=1))
+    over_zeromq: list[int] = []
+    subscribed: m.Subscribed | None = None
+    while sock.poll(1000):
+        frame_topic, frame = sock.recv_multipart()
+        envelope = decode(frame)
+        if not frame_topic:
+            subscribed = envelope.body
+        else:
+            over_zeromq.append(envelope.seq)
+    assert subscribed is not None
+    (newest,) = subscribed.positions
+    kept = list(range(newest.seq - 4, newest.seq + 1))  # the new retention: 5
+    assert subscribed.oldest == (m.Position(topic, kept[0]),)
+    stream = CurlStream(spawn, f"{url}/feed?topic=job/alpha/",
+                        *bearer(token(controller, "alpha")),
+                        "-H", f"Last-Event-ID: {subscribed.epoch:x}-0-0")
+    try:
+        events = [stream.next() for _ in range(1 + 1 + len(kept))]
+    finally:
+        stream.close()
+    assert [e.kind for e in events[:2]] == ["subscribed", "gap"]
+    assert events[1].data["data"]["topics"] == [topic]
+    over_http = [e.data["seq"] for e in events[2:]]
+    assert over_zeromq == over_http == kept
+
+
+def test_an_unplaced_jobs_health_is_not_sent_to_new_subscribers(
+        spawn: Spawn, workdir: Path, ctx: zmq.Context) -> None:
+    controller = start_controller(spawn, workdir)
+    place(controller, "job-a", "acme", "h1")
+    place(controller, "job-b", "acme", "h1")
+    sender = Sender(FakeAgent(ctx, controller))
+    sender.send(m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8)))
+    with tenant_feed(controller, ["job/acme/"], context=ctx) as feed:
+        present = {feed.recv(timeout=20).topic for _ in range(2)}  # type: ignore[union-attr]
+    assert present == {"job/acme/job-a/", "job/acme/job-b/"}
+    controller.request("unplace", {"job": "job-a"})
+    sock = tenant_socket(ctx, controller, "acme")
+    sock.send(encode(m.Subscribe(("job/acme/",)), sender="t", seq=1))
+    assert sock.poll(10_000)
+    assert sock.recv_multipart()[0] == b""  # subscribed, then the present
+    assert sock.poll(10_000)
+    assert sock.recv_multipart()[0] == b"job/acme/job-b/"  # job-a's is not sent
+    assert not sock.poll(500)
+
+
+def test_a_readable_envelope_with_a_bad_body_is_invalid_even_as_request_0(
+        spawn: Spawn, workdir: Path, ctx: zmq.Context) -> None:
+    controller = start_controller(spawn, workdir)
+    sock = tenant_socket(ctx, controller, "acme")
+    bad_body = encode(m.Subscribe(("pool/",)), sender="t", seq=0).replace(b"topics",
+                                                                           b"topicz")
+    unknown_kind = msgpack.packb(["hz", 1, "no-such-kind", "t", 7, 1.0, {}])
+    for frame in (bad_body, unknown_kind, b"\xc1not msgpack"):
+        sock.send(frame)
+    replies = answers(sock)
+    assert [(r.request, r.code) for r in replies] == [  # type: ignore[attr-defined]
+        (0, "invalid"), (7, "invalid"), (0, "malformed")]

@@ -431,6 +431,14 @@ class Gateway:
             cursor = Cursor.parse(given) if given else None
         except CursorError as exc:
             raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {exc}") from None
+        feed = self.shell.core.feed
+        present = Cursor(feed.epoch, *feed.heads(tenant))
+        if cursor is not None and cursor.epoch == present.epoch and not feed.follower and (
+                cursor.pool > present.pool or cursor.job > present.job):
+            # Never given by this feed (a replica behind another waits to catch up).
+            raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {cursor} is beyond the "
+                          f"present ({present}): resume from a cursor the feed gave, or "
+                          "without one")
         mine = sum(1 for s in self.streams.values() if s.tenant == tenant)
         if len(self.streams) >= self.cfg.max_streams or mine >= self.cfg.streams_per_tenant:
             raise Refused(ErrorCode.TOO_MANY_SUBSCRIPTIONS, "too many streams open "
