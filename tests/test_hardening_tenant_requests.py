@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,3 +255,38 @@ def test_a_readable_envelope_with_a_bad_body_is_invalid_even_as_request_0(
     replies = answers(sock)
     assert [(r.request, r.code) for r in replies] == [  # type: ignore[attr-defined]
         (0, "invalid"), (7, "invalid"), (0, "malformed")]
+
+
+def test_a_notice_in_the_body_that_differs_from_the_path_is_refused(spawn: Spawn,
+                                                                    workdir: Path) -> None:
+    controller, url = gateway(spawn, workdir)
+    secret = token(controller, "acme")
+    status, body, _ = curl("POST", f"{url}/notices/vn-0123", *bearer(secret),
+                           body={"action": "approve", "notice": "vn-4567"})
+    assert status == 400 and body["error"] == {
+        "code": "invalid", "field": "validation-answer.notice",
+        "message": "validation-answer.notice: 'vn-4567' differs from the path's notice "
+                   "'vn-0123': leave it out"}
+    status, body, _ = curl("POST", f"{url}/notices/vn-0123", *bearer(secret),
+                           body={"action": "approve", "notice": "vn-0123"})
+    assert status == 404 and body["error"]["code"] == "no-such-notice"  # the same: fine
+
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "tenant-guide.md"
+
+
+def test_the_stale_revision_refusal_in_the_guide_is_the_servers(spawn: Spawn,
+                                                                workdir: Path) -> None:
+    quoted = re.findall(r"`(revision (\d+) is older than revision (\d+) in force[^`]*)`",
+                        " ".join(GUIDE.read_text().split()))  # as one line
+    assert quoted, "the guide quotes the stale-revision refusal"
+    controller, url = gateway(spawn, workdir)
+    place(controller, "job-7", "acme", "h1")
+    secret = token(controller, "acme")
+    for text, older, newer in quoted:
+        status, _, _ = curl("POST", f"{url}/declarations", *bearer(secret),
+                            body={"job": "job-7", "revision": int(newer)})
+        assert status == 200
+        status, body, _ = curl("POST", f"{url}/declarations", *bearer(secret),
+                               body={"job": "job-7", "revision": int(older)})
+        assert status == 409 and body["error"]["message"] == text

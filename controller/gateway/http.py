@@ -378,7 +378,11 @@ class Gateway:
         data = await self._json(request)
         if not isinstance(data, dict):
             raise Refused(ErrorCode.INVALID, "validation-answer: expected a JSON object")
-        body = self._typed(ValidationAnswer, {**data, "notice": request.match_info["notice"]})
+        notice = request.match_info["notice"]
+        if "notice" in data and data["notice"] != notice:  # never one silently over the other
+            raise Refused(ErrorCode.INVALID, f"validation-answer.notice: {data['notice']!r:.80} "
+                          f"differs from the path's notice {notice!r:.80}: leave it out")
+        body = self._typed(ValidationAnswer, {**data, "notice": notice})
         await self._ask(request, tenant, body)
         return web.json_response({"ok": True, "request_id": request["request_id"],
                                   "notice": request.match_info["notice"]})
