@@ -746,7 +746,8 @@ class ErrorCode(StrEnum):
 #: What each code means (the published spec and the guides list them from here).
 ERROR_MEANINGS: dict[ErrorCode, str] = {
     ErrorCode.MALFORMED: "not a frame, not JSON, or not one message",
-    ErrorCode.INVALID: "a field is missing, unknown or out of range; the text names it",
+    ErrorCode.INVALID: "a field is missing, unknown or out of range, an unknown message "
+                       "kind, or a cursor beyond the present; the text names it",
     ErrorCode.NOT_AUTHENTICATED: "no tenant identity (key, token or certificate): pool "
                                  "topics only",
     ErrorCode.THROTTLED: "over the tenant's request budget; retry later (HTTP only: the "
