@@ -10,6 +10,9 @@ JSON Schema (draft 7, which AsyncAPI's schema format extends) for every payload,
 envelope of each transport, the error codes and the version policy.
 """
 
+# Over 400 lines because the spec is one document: the schemas read off the types, the
+# two transports' envelopes and the version policy must be generated together.
+
 from __future__ import annotations
 
 import argparse
