@@ -100,9 +100,11 @@ FEED_PRUNE_INTERVAL = 60.0
 
 class ControllerCore:
     def __init__(self, cfg: ControllerConfig, now: float, restored: Restored | None = None,
-                 *, rng: random.Random | None = None) -> None:
+                 *, rng: random.Random | None = None, follower: bool = False) -> None:
         """Begin from what the store kept (nothing: a new controller). ``rng`` draws the
-        redaction's release jitter (seed it for a reproducible run)."""
+        redaction's release jitter (seed it for a reproducible run). ``follower``: a
+        cluster replica's core, whose feed the leader numbers and whose placements are
+        the leader's (its store holds none)."""
         restored = restored or Restored()
         self.cfg = cfg
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
@@ -127,8 +129,10 @@ class ControllerCore:
         self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))
+        self.feed.follower = follower
         placed = {job_topic(p.tenant, p.job) for p in restored.placements}
-        for topic in [t for t in self.feed.latest if t.startswith("job/") and t not in placed]:
+        for topic in [t for t in self.feed.latest if t.startswith("job/") and t not in placed
+                      and not follower]:
             self.feed.forget(topic)  # an unplaced job's last health is not its present
         self.frames = 0
         self.rejected: Counter[str] = Counter()

@@ -140,8 +140,8 @@ class ReplicaServer(ControllerServer):
                 self.store.set_meta("bus_epoch", epoch)
                 self.store.set_meta("bus_feed_seq", 0)
         restored = dataclasses.replace(self.store.restored(), feed_epoch=epoch)
-        self.core = ControllerCore(self.cfg, time.monotonic(), restored)
-        self.core.feed.follower = True  # numbered by the leader; it may lag behind it
+        # Numbered by the leader (it may lag behind it), placed by the leader.
+        self.core = ControllerCore(self.cfg, time.monotonic(), restored, follower=True)
         self.feed_position = int(self.store.get_meta("bus_feed_seq") or 0)
         assert self.bus.tokens is not None
         self.tokens = BusTokens(self.bus.tokens)
