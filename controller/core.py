@@ -68,7 +68,7 @@ from controller.outputs import (
     Writes,
 )
 from controller.publications import Publications
-from controller.redaction import PoolNames, Redactor
+from controller.redaction import PoolNames, Redactor, job_topic
 from controller.types import Placement
 from harmonaize.messages import (
     Category,
@@ -107,9 +107,11 @@ ARM_QUIET = 2.0
 
 class ControllerCore:
     def __init__(self, cfg: ControllerConfig, now: float, restored: Restored | None = None,
-                 *, rng: random.Random | None = None) -> None:
+                 *, rng: random.Random | None = None, follower: bool = False) -> None:
         """Begin from what the store kept (nothing: a new controller). ``rng`` draws the
-        redaction's release jitter (seed it for a reproducible run)."""
+        redaction's release jitter (seed it for a reproducible run). ``follower``: a
+        cluster replica's core, whose feed the leader numbers and whose placements are
+        the leader's (its store holds none)."""
         restored = restored or Restored()
         self.cfg = cfg
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
@@ -138,6 +140,11 @@ class ControllerCore:
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))
         self._forget_undeclared_pools()
+        self.feed.follower = follower
+        placed = {job_topic(p.tenant, p.job) for p in restored.placements}
+        for topic in [t for t in self.feed.latest if t.startswith("job/") and t not in placed
+                      and not follower]:
+            self.feed.forget(topic)  # an unplaced job's last health is not its present
         self.frames = 0
         self.rejected: Counter[str] = Counter()
         self._reject_window = (-math.inf, 0)
@@ -152,7 +159,7 @@ class ControllerCore:
         self._liveness_checked = -math.inf
         self._expiry_checked = -math.inf
         self._next_republish = now + cfg.feed.republish
-        self._next_prune = now + FEED_PRUNE_INTERVAL
+        self._next_prune = now  # at once: the log as the retention in force says
         #: Set by the shell while its disk is full: nothing new can be stored, so agents'
         #: sequenced messages are left unapplied (unacknowledged: they come again) and
         #: tenants' writes are refused with "try later".
@@ -237,6 +244,7 @@ class ControllerCore:
         if previous is not None and previous.tenant != placement.tenant:
             # A job id now belongs to someone else: the old owner's declaration is void.
             self._withdraw(placement.job)
+            self.feed.forget(job_topic(previous.tenant, placement.job))
         if previous is not None and previous.generation != placement.generation:
             # What was issued for the old placement is not the new one's to answer.
             voided = self.notices.forget_job(placement.job)
@@ -269,6 +277,8 @@ class ControllerCore:
         if job not in self.redactor.placements:
             raise KeyError(job)
         self._now = now
+        # Its last job-health is no present any more: new subscribers are not sent it.
+        self.feed.forget(job_topic(self.redactor.placements[job].tenant, job))
         self._withdraw(job)
         self._placements[job] = None
         self.redactor.remove_job(job)
@@ -283,6 +293,10 @@ class ControllerCore:
         self.cluster.missed_heartbeats = cfg.liveness.missed_heartbeats
         self.cluster.silent_from = -math.inf  # fewer heartbeats may be missed now: look
         self.feed.configure(cfg.feed)
+        if cfg.feed.retention != old.feed.retention:
+            # Pruned at once: the ZeroMQ feed's replays follow the new retention at once,
+            # and the HTTP gateway reads the log, so the log must too.
+            self._next_prune = -math.inf
         if cfg.redaction != old.redaction:
             self.redactor.cfg = cfg.redaction
             self.cluster.changed = True  # recompute what tenants see under the new rules
@@ -475,24 +489,24 @@ class ControllerCore:
     def _tenant(self, peer: TenantPeer, message: Envelope | BadFrame,
                 now: float) -> list[Output]:
         stats = self.feed.stats
-        stats["requests"] += 1
+        # Every request spends the budget, a bad one too, before any answer is made:
+        # over budget it is dropped unanswered (a renewal comes again).
+        if not peer.admitted and not self.feed.admit(peer.tenant, now):
+            return []
         if isinstance(message, BadFrame):
             stats["bad_request"] += 1
             if message.reason == "framing":
                 return []  # nothing to answer: not one request
-            # A readable envelope (its number known) with a wrong field, or not a frame.
-            code = ErrorCode.INVALID if message.seq else ErrorCode.MALFORMED
+            # A readable envelope with a wrong body is invalid (seq 0 too); an unreadable
+            # one is malformed.
+            code = ErrorCode.INVALID if message.readable else ErrorCode.MALFORMED
             return [AnswerTenant(peer.peer, Reply(message.seq, False,
                                                   f"rejected: {message.detail}"[:1000],
                                                   code.value))]
-        if not self.feed.hub.admit(peer.tenant, now):
-            # Over the tenant's request budget: dropped (a renewal comes again).
-            stats["throttled_requests"] += 1
-            return []
         body = message.body
         if isinstance(body, Subscribe):
             # About stored state only: the feed's numbers move in tick(), committed at once.
-            return self.feed.subscribe(peer, body, now)
+            return self.feed.subscribe(peer, body, now, number=message.seq)
         if self.storage_paused and isinstance(body, JobDeclaration | ValidationAnswer):
             stats["refused_disk_full"] += 1
             return [AnswerTenant(peer.peer, Reply(

@@ -42,6 +42,9 @@ class TenantPeer:
 
     peer: bytes
     tenant: str = ""
+    #: The request already spent its tenant's request budget at the door (the shell's
+    #: or the gateway's, before it was decoded), so the core does not spend it again.
+    admitted: bool = False
 
 
 Peer = AgentPeer | TenantPeer
@@ -56,6 +59,9 @@ class BadFrame:
     detail: str
     #: The request's sequence number when its envelope was readable (0: it was not).
     seq: int = 0
+    #: Whether its envelope could be read (a request number known, 0 included): then
+    #: the body was wrong and the answer is ``invalid``; else ``malformed``.
+    readable: bool = True
 
 
 # --- what the shell stores -------------------------------------------------------------

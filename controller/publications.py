@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from controller.feed import Budgets, FeedHub, may_see, stream_of
+from controller.feed import Budgets, FeedHub, may_see, stream_of, streams_of
 from controller.outputs import (
     AnswerTenant,
     Delivery,
@@ -59,6 +59,9 @@ class Publications:
         #: Each stream's newest offset (controller/feed.py:stream_of).
         self.offsets = offsets if offsets is not None else {}
         self._dirty_offsets: dict[str, int] = {}
+        #: A copy of a feed numbered elsewhere (a cluster replica's): it may be behind
+        #: what a tenant already saw at another replica, and catches up.
+        self.follower = False
         self.hub = FeedHub(renew=cfg.renew, budgets=budgets(cfg))
         #: Feed and request counters (controller/selfmetrics.py names them).
         self.stats: Counter[str] = Counter()
@@ -112,6 +115,17 @@ class Publications:
                 for topic, (_, frame, _) in self.latest.items()
                 for sub in self.hub.targets(topic)]
 
+    def heads(self, tenant: str) -> tuple[int, int]:
+        """The newest offsets of the two streams the tenant may see (pool, its jobs)."""
+        pool, jobs = streams_of(tenant)
+        return self.offsets.get(pool, 0), self.offsets.get(jobs, 0)
+
+    def forget(self, topic: str) -> None:
+        """A topic with no present any more (its job was unplaced): its last condition is
+        neither republished nor sent to new subscribers; what was published stays in
+        the log for resumes."""
+        self.latest.pop(topic, None)
+
     def take_dirty(self) -> tuple[dict[str, int], tuple[FeedEntry, ...], dict[str, int]]:
         dirty, self._dirty = self._dirty, {}
         entries, self._log = tuple(self._log), []
@@ -120,8 +134,10 @@ class Publications:
 
     # --- subscribers -----------------------------------------------------------------------
 
-    def subscribe(self, peer: TenantPeer, request: Subscribe, now: float) -> list[Output]:
-        """The answer, then the present for a new subscriber and what a resumed one missed."""
+    def subscribe(self, peer: TenantPeer, request: Subscribe, now: float, *,
+                  number: int = 0) -> list[Output]:
+        """The answer (naming the request's ``number``, its envelope's seq), then the
+        present for a new subscriber and what a resumed one missed."""
         hub, tenant = self.hub, peer.tenant
         new = peer.peer not in hub.subscribers
         result = hub.subscribe(peer.peer, tenant, request, now, self.seqs, epoch=self.epoch)
@@ -135,8 +151,8 @@ class Publications:
         # the client counts the loss at once instead of waiting for it.
         oldest = tuple(Position(topic, first) for topic, after in result.replay
                        if after < (first := self._retained_from(topic)) - 1)
-        out: list[Output] = [AnswerTenant(peer.peer, replace(result.reply,
-                                                             oldest=oldest[:1024]))]
+        out: list[Output] = [AnswerTenant(peer.peer, replace(
+            result.reply, oldest=oldest[:1024], request=number))]
         if peer.peer not in hub.subscribers:
             return out
         for topic in result.conditions:  # a late joiner gets the present at once
@@ -162,15 +178,24 @@ class Publications:
         """The oldest sequence number of ``topic`` that is still retained."""
         return max(1, self.seqs.get(topic, 0) - self.cfg.retention + 1)
 
+    def admit(self, tenant: str, now: float) -> bool:
+        """Spend one request of the tenant's budget, whatever the request turns out to
+        be: counted as a request, and as throttled when over budget. Every door calls it
+        first, before reading more of the request than names its tenant, so that a
+        flood of invalid requests costs no more answers than a flood of valid ones."""
+        self.stats["requests"] += 1
+        if self.hub.admit(tenant, now):
+            return True
+        self.stats["throttled_requests"] += 1
+        return False
+
     def attach(self, peer: TenantPeer, topics: tuple[str, ...],
                now: float) -> Subscribed | None:
         """A stream (the HTTP gateway's) subscribes for as long as it is connected: no
         renewals, no replay here (it reads the log from its cursor itself). None: over
         the tenant's request budget."""
         hub = self.hub
-        self.stats["requests"] += 1
-        if not hub.admit(peer.tenant, now):
-            self.stats["throttled_requests"] += 1
+        if not peer.admitted and not self.admit(peer.tenant, now):
             return None
         result = hub.subscribe(peer.peer, peer.tenant, Subscribe(topics), now, self.seqs,
                                epoch=self.epoch)

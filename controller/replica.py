@@ -140,7 +140,8 @@ class ReplicaServer(ControllerServer):
                 self.store.set_meta("bus_epoch", epoch)
                 self.store.set_meta("bus_feed_seq", 0)
         restored = dataclasses.replace(self.store.restored(), feed_epoch=epoch)
-        self.core = ControllerCore(self.cfg, time.monotonic(), restored)
+        # Numbered by the leader (it may lag behind it), placed by the leader.
+        self.core = ControllerCore(self.cfg, time.monotonic(), restored, follower=True)
         self.feed_position = int(self.store.get_meta("bus_feed_seq") or 0)
         assert self.bus.tokens is not None
         self.tokens = BusTokens(self.bus.tokens)
@@ -374,17 +375,20 @@ class ReplicaServer(ControllerServer):
         loop = asyncio.get_running_loop()
         while True:
             frames = await self.tenants.recv_multipart(copy=False)
+            tenant = frames[1].get("User-Id") if authenticated and len(frames) >= 2 else ""
+            if not self._admitted(tenant):
+                # Over budget: dropped unread and unanswered, as the embedded core does.
+                await asyncio.sleep(0)
+                continue
             peer, message = _decoded(frames, TENANT_KINDS, strict=True)
-            tenant = frames[1].get("User-Id") if authenticated and len(frames) == 2 else ""
             if isinstance(message, Envelope) and message.kind in FORWARDED:
-                if not self._admitted(tenant):
-                    continue  # over budget: dropped unanswered, as the embedded core does
                 task = loop.create_task(self._forward(ZMQ_PEER + peer, tenant, message))
                 self._forwarding.add(task)  # held until done (the loop keeps weak refs)
                 task.add_done_callback(self._forwarding.discard)
             else:
-                self._execute(self.core.receive(TenantPeer(ZMQ_PEER + peer, tenant), message,
-                                                time.monotonic()))
+                self._execute(self.core.receive(
+                    TenantPeer(ZMQ_PEER + peer, tenant, admitted=True), message,
+                    time.monotonic()))
             await asyncio.sleep(0)
 
     async def _forward(self, peer: bytes, tenant: str, message: Envelope) -> None:
@@ -397,16 +401,11 @@ class ReplicaServer(ControllerServer):
         filling the leader's queue, which agents' frames share (the leader spends the
         budget again: over all replicas a tenant gets one budget)."""
         assert self.core is not None
-        if self.core.feed.hub.admit(tenant, time.monotonic()):
-            return True
-        self.core.feed.stats["throttled_requests"] += 1
-        return False
+        return self.core.feed.admit(tenant, time.monotonic())
 
     async def ask(self, tenant: str, request: Envelope) -> Reply:
-        """The leader's answer to a tenant's request ("unavailable" while there is none)."""
-        if not self._admitted(tenant):
-            return Reply(request.seq, False, "over your request budget: retry in a second",
-                         ErrorCode.THROTTLED.value)
+        """The leader's answer to a tenant's request ("unavailable" while there is none).
+        The gateway spent the tenant's budget at the request's entry already."""
         return await self._ask_leader(tenant, request)
 
     async def _ask_leader(self, tenant: str, request: Envelope) -> Reply:

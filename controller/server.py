@@ -124,7 +124,7 @@ def _decoded(frames: list[zmq.Frame], kinds: frozenset[str], *,
     try:
         return frames[0].bytes, decode(frames[1].bytes, allowed=kinds, strict=strict)
     except WireError as exc:
-        return frames[0].bytes, BadFrame("invalid", str(exc), exc.seq)
+        return frames[0].bytes, BadFrame("invalid", str(exc), exc.seq, exc.readable)
 
 
 class ControllerServer:
@@ -328,12 +328,16 @@ class ControllerServer:
         authenticated = self.zap is not None
         while True:
             frames = await self.tenants.recv_multipart(copy=False)
-            peer, message = _decoded(frames, TENANT_KINDS, strict=True)
-            tenant = frames[1].get("User-Id") if authenticated and len(frames) == 2 else ""
-            # ZeroMQ's peers are z + routing id, the gateway's h + a number: no client
-            # can choose a routing id that names another's peer.
-            self._execute(self.core.receive(TenantPeer(ZMQ_PEER + peer, tenant), message,
-                                            time.monotonic()))
+            tenant = frames[1].get("User-Id") if authenticated and len(frames) >= 2 else ""
+            # The request spends its tenant's budget before it is decoded: over budget
+            # it is dropped unread, whatever it holds.
+            if self.core.feed.admit(tenant, time.monotonic()):
+                peer, message = _decoded(frames, TENANT_KINDS, strict=True)
+                # ZeroMQ's peers are z + routing id, the gateway's h + a number: no
+                # client can choose a routing id that names another's peer.
+                self._execute(self.core.receive(
+                    TenantPeer(ZMQ_PEER + peer, tenant, admitted=True), message,
+                    time.monotonic()))
             # A queued frame completes the await without yielding: let agents' frames,
             # acks and heartbeats have their turn between any two tenant requests.
             await asyncio.sleep(0)

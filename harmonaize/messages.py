@@ -63,6 +63,16 @@ class WireError(ValueError):
     #: The frame's sequence number when its envelope was readable (0: it was not),
     #: so a refusal can name the request it answers.
     seq: int = 0
+    #: Whether the envelope was readable (its number known, 0 included): a wrong body
+    #: or kind is then ``invalid``, an unreadable envelope ``malformed``.
+    readable: bool = False
+
+    @classmethod
+    def of_request(cls, text: str, seq: int) -> WireError:
+        """A refusal of a request whose envelope was read: it names the request."""
+        error = cls(text)
+        error.seq, error.readable = seq, True
+        return error
 
 
 class Category(StrEnum):
@@ -736,7 +746,8 @@ class ErrorCode(StrEnum):
 #: What each code means (the published spec and the guides list them from here).
 ERROR_MEANINGS: dict[ErrorCode, str] = {
     ErrorCode.MALFORMED: "not a frame, not JSON, or not one message",
-    ErrorCode.INVALID: "a field is missing, unknown or out of range; the text names it",
+    ErrorCode.INVALID: "a field is missing, unknown or out of range, an unknown message "
+                       "kind, or a cursor beyond the present; the text names it",
     ErrorCode.NOT_AUTHENTICATED: "no tenant identity (key, token or certificate): pool "
                                  "topics only",
     ErrorCode.THROTTLED: "over the tenant's request budget; retry later (HTTP only: the "
@@ -791,6 +802,10 @@ class Subscribed(Message):
     #: For topics whose resume (``since``) asked for more than is retained: the oldest
     #: sequence number still retained. What lies between is lost for good.
     oldest: Annotated[tuple[Position, ...], Len(1024)] = ()
+    #: The ``subscribe``'s own request number (its envelope's ``seq``; 0 for a stream
+    #: of the HTTP gateway), so that an answer is matched to its request even when an
+    #: earlier request was dropped unanswered (over the request budget).
+    request: Count = 0
 
 
 @message("reply", Category.CONTROL)
@@ -914,14 +929,16 @@ def decode(data: bytes, *, allowed: Collection[str] | None = None,
         raise WireError("bad magic: not a HarmonAIze frame")
     if version != VERSION or isinstance(version, bool):
         raise WireError(f"unsupported wire version {version!r:.20} (this side speaks {VERSION})")
-    if not isinstance(kind, str) or kind not in _REGISTRY:
-        raise WireError(f"unknown message kind {kind!r:.60}")
-    if allowed is not None and kind not in allowed:
-        raise WireError(f"message kind {kind!r} is not accepted here")
     try:
         header = from_plain(_Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
     except SchemaError as exc:
         raise WireError(str(exc)) from None
+    # The envelope is read: from here a refusal names the request's number (an unknown
+    # kind too, so a client's "the answer to my request n" holds).
+    if not isinstance(kind, str) or kind not in _REGISTRY:
+        raise WireError.of_request(f"unknown message kind {kind!r:.60}", header.seq)
+    if allowed is not None and kind not in allowed:
+        raise WireError.of_request(f"message kind {kind!r} is not accepted here", header.seq)
     try:
         if strict:
             with strict_keys():
@@ -929,7 +946,5 @@ def decode(data: bytes, *, allowed: Collection[str] | None = None,
         else:
             message_body = from_plain(_REGISTRY[kind], body, kind)
     except SchemaError as exc:
-        error = WireError(str(exc))
-        error.seq = header.seq
-        raise error from None
+        raise WireError.of_request(str(exc), header.seq) from None
     return Envelope(kind, header.sender, header.seq, header.time, message_body)

@@ -10,6 +10,9 @@ JSON Schema (draft 7, which AsyncAPI's schema format extends) for every payload,
 envelope of each transport, the error codes and the version policy.
 """
 
+# Over 400 lines because the spec is one document: the schemas read off the types, the
+# two transports' envelopes and the version policy must be generated together.
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +31,7 @@ from harmonaize.schema import DEFAULT_MAX_LIST, DEFAULT_MAX_MAP, DEFAULT_MAX_STR
 
 #: The spec's own version: the wire version, then a revision raised whenever a kind, a
 #: field or a code is added (what a client written against an older revision ignores).
-REVISION = 1
+REVISION = 2
 VERSION = f"{m.VERSION}.{REVISION}.0"
 SCHEMAS = "#/components/schemas/"
 
@@ -238,7 +241,9 @@ def _envelope() -> dict[str, Any]:
         "description": "A ZeroMQ frame: msgpack of [magic, version, kind, sender, seq, time, "
                        "body]. On the feed, seq is the topic's sequence number (a reply's "
                        "is 0); on a request, the client's own request number, which the "
-                       "reply names.",
+                       "reply names. The message's category (condition, event, control) "
+                       "is not in the frame: it is fixed per kind, the x-category of the "
+                       "kind's message in this document.",
         "items": [
             {"const": m.MAGIC},
             {"const": m.VERSION},

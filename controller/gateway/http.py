@@ -355,6 +355,14 @@ class Gateway:
         raise Refused(ErrorCode.NOT_AUTHENTICATED, "no credentials: send Authorization: "
                       "Bearer <token>, or a client certificate")
 
+    def _admitted(self, request: web.Request, *, session: bool = False) -> str:
+        """The request's tenant, once the request spent its request budget: before its
+        body or query is read, so an invalid request costs what a valid one does."""
+        tenant = self._identify(request, session=session)
+        if not self.shell.core.feed.admit(tenant, time.monotonic()):
+            raise Refused(ErrorCode.THROTTLED, "over your request budget: retry in a second")
+        return tenant
+
     # --- requests ----------------------------------------------------------------------
 
     async def _json(self, request: web.Request) -> Any:
@@ -391,7 +399,7 @@ class Gateway:
         if reply is None:
             self._answers[peer] = None
             try:
-                self.shell.execute(self.shell.core.receive(TenantPeer(peer, tenant), message,
+                self.shell.execute(self.shell.core.receive(TenantPeer(peer, tenant, True), message,
                                                            time.monotonic()))
                 reply = self._answers[peer]
             finally:
@@ -413,23 +421,27 @@ class Gateway:
             return BadFrame("invalid", str(exc), next(self._numbers))
 
     async def _declare(self, request: web.Request) -> web.Response:
-        tenant = self._identify(request)
+        tenant = self._admitted(request)
         body = self._typed(JobDeclaration, await self._json(request))
         await self._ask(request, tenant, body)
         return web.json_response({"ok": True, "request_id": request["request_id"]})
 
     async def _answer(self, request: web.Request) -> web.Response:
-        tenant = self._identify(request)
+        tenant = self._admitted(request)
         data = await self._json(request)
         if not isinstance(data, dict):
             raise Refused(ErrorCode.INVALID, "validation-answer: expected a JSON object")
-        body = self._typed(ValidationAnswer, {**data, "notice": request.match_info["notice"]})
+        notice = request.match_info["notice"]
+        if "notice" in data and data["notice"] != notice:  # never one silently over the other
+            raise Refused(ErrorCode.INVALID, f"validation-answer.notice: {data['notice']!r:.80} "
+                          f"differs from the path's notice {notice!r:.80}: leave it out")
+        body = self._typed(ValidationAnswer, {**data, "notice": notice})
         await self._ask(request, tenant, body)
         return web.json_response({"ok": True, "request_id": request["request_id"],
                                   "notice": request.match_info["notice"]})
 
     async def _notices(self, request: web.Request) -> web.Response:
-        tenant = self._identify(request)
+        tenant = self._admitted(request)
         if not tenant:
             raise Refused(ErrorCode.NOT_AUTHENTICATED, "notices are a tenant's own")
         remote = await self.shell.query("tenant-notices", {"tenant": tenant})
@@ -480,7 +492,7 @@ class Gateway:
     # --- the feed ----------------------------------------------------------------------
 
     async def _feed(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._identify(request, session=True)
+        tenant = self._admitted(request, session=True)
         topics = tuple(dict.fromkeys(request.query.getall("topic", ["pool/"])))
         if not 1 <= len(topics) <= 64 or not all(_TOPIC.fullmatch(t) for t in topics):
             raise Refused(ErrorCode.INVALID, "topic: 1 to 64 topic prefixes of letters, "
@@ -490,13 +502,21 @@ class Gateway:
             cursor = Cursor.parse(given) if given else None
         except CursorError as exc:
             raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {exc}") from None
+        feed = self.shell.core.feed
+        present = Cursor(feed.epoch, *feed.heads(tenant))
+        if cursor is not None and cursor.epoch == present.epoch and not feed.follower and (
+                cursor.pool > present.pool or cursor.job > present.job):
+            # Never given by this feed (a replica behind another waits to catch up).
+            raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {cursor} is beyond the "
+                          f"present ({present}): resume from a cursor the feed gave, or "
+                          "without one")
         mine = sum(1 for s in self.streams.values() if s.tenant == tenant)
         if len(self.streams) >= self.cfg.max_streams or mine >= self.cfg.streams_per_tenant:
             raise Refused(ErrorCode.TOO_MANY_SUBSCRIPTIONS, "too many streams open "
                           f"({self.cfg.streams_per_tenant} per tenant)")
         peer = PEER + f"s{next(self._numbers)}".encode()
         core = self.shell.core
-        reply = core.attach(TenantPeer(peer, tenant), topics, time.monotonic())
+        reply = core.attach(TenantPeer(peer, tenant, True), topics, time.monotonic())
         if reply is None:
             raise Refused(ErrorCode.THROTTLED, "over your request budget: retry in a second")
         if not reply.accepted:
@@ -513,7 +533,9 @@ class Gateway:
         try:
             await response.prepare(request)
             await self._write(response, events.event(
-                "subscribed", to_plain(reply), self.cfg.source, event_id=f"{peer.hex()}",
+                # A random id: a count of the gateway's would tell a tenant how many
+                # requests others made.
+                "subscribed", to_plain(reply), self.cfg.source, event_id=uuid.uuid4().hex,
                 time=time.time()), None)
             epoch = core.feed.epoch
             if cursor is not None and cursor.epoch == epoch:

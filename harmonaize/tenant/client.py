@@ -314,7 +314,10 @@ class FeedClient:
         positions = since if since is not None else self.positions
         items = sorted(positions.items(), key=lambda kv: -kv[1])[:MAX_POSITIONS]
         request = Subscribe(self.topics, tuple(Position(t, s) for t, s in items), self.epoch)
-        self._send(encode(request, sender="tenant"))  # if not now, at the next renewal
+        # Numbered like any request (its answer names it); nothing waits on the number:
+        # every answer is applied, a renewal comes again if one is dropped.
+        self._request_seq += 1
+        self._send(encode(request, sender="tenant", seq=self._request_seq))
         if self._unanswered_since is None:
             self._unanswered_since = now
         self._next_renew = now + self._renew / 3
