@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from hypothesis import settings
 
 from harmonaize import wireaudit
@@ -125,6 +126,14 @@ def spawn() -> Iterator[Spawn]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context for a test's raw sockets, destroyed without lingering."""
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
 
 
 def python(module: str, *args: str) -> list[str]:

@@ -30,12 +30,6 @@ pytestmark = [pytest.mark.foundation, needs_root]
 SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
 
 def test_malformed_frames_are_counted_and_the_controller_keeps_serving(
     spawn, workdir: Path, ctx: zmq.Context

@@ -34,12 +34,6 @@ SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))
 FAST_RENEW = "[feed]\nrenew = 1\n"
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
 
 def place(controller: Controller, job: str, tenant: str, *hosts: str) -> None:
     controller.request("place", {"job": job, "tenant": tenant, "members": [

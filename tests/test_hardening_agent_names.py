@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,12 +30,6 @@ pytestmark = [pytest.mark.hardening, needs_root]
 HOST_LIKE_POOL = "gpu-node-17.dc1.example.com"
 ADDRESS_LIKE_CLASS = "10.20.30.40"
 
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def say_hello(ctx: zmq.Context, controller, host: str, pool: str, gpu_class: str

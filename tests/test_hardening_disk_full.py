@@ -68,12 +68,6 @@ def small_disk(spawn: Spawn, workdir: Path) -> Iterator[SmallDisk]:
     holder.wait(timeout=30)
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
 
 class Agent:
     """A probe agent that keeps every acknowledgement it was given."""

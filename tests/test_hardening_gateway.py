@@ -34,12 +34,6 @@ from tests.test_tenant_http import bearer, certificate, summary, token
 pytestmark = [pytest.mark.hardening, needs_root]
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
 
 @pytest.fixture
 def sockets() -> Iterator[list[socket.socket]]:

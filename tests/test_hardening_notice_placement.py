@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,12 +36,6 @@ pytestmark = [pytest.mark.hardening, needs_root]
 JOB = "job-7"
 UNKNOWN = "vn-00000000000000ff"
 
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 class Probe:

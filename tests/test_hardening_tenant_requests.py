@@ -9,7 +9,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -38,12 +37,6 @@ pytestmark = [pytest.mark.hardening, needs_root]
 RATE, BURST = 5.0, 20.0
 BUDGET = f"[feed]\nrequest_rate = {RATE}\nrequest_burst = {BURST}\n"
 
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def tenant_socket(ctx: zmq.Context, controller: Controller, tenant: str) -> zmq.Socket:

@@ -29,12 +29,6 @@ pytestmark = [pytest.mark.tenant, needs_root,
 PAGE = Path(__file__).parent / "clients" / "browser"
 
 
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
 
 @pytest.fixture
 def browser() -> Iterator[Any]:

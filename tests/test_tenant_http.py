@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,6 @@ from tests.test_controller_feed import Sender, advice, place
 
 pytestmark = [pytest.mark.tenant, needs_root]
 
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def gateway(spawn: Spawn, workdir: Path, extra: str = "") -> tuple[Controller, str]:

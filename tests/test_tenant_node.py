@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +52,6 @@ def node() -> str:
         pytest.fail("the Node.js client is not installed: run ./scripts/setup", pytrace=False)
     return binary
 
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def test_the_node_clients_own_unit_tests_pass(node: str) -> None:
