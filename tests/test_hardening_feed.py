@@ -13,10 +13,9 @@ import zmq
 from harmonaize import messages as m
 from tests.conftest import needs_root, python
 from tests.daemons import Controller, FakeAgent, start_controller, tenant_feed
-from tests.test_controller_feed import FAST_RENEW, Sender, advice, ctx, drain, place
+from tests.test_controller_feed import FAST_RENEW, Sender, advice, drain, place
 
 pytestmark = [pytest.mark.hardening, pytest.mark.controller, needs_root]
-__all__ = ["ctx"]  # the fixture, shared with the feed's other tests
 
 
 def ports_of(controller: Controller) -> tuple[int, int]:
