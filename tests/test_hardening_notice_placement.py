@@ -66,6 +66,14 @@ class Probe:
         return [x for x in self.got if isinstance(x, ValidationDecision)]
 
 
+def subscribed(feed: FeedClient) -> None:
+    """Until the controller has answered the client's subscription."""
+    deadline = time.monotonic() + 20
+    while not feed.stats.subscriptions:
+        assert time.monotonic() < deadline, "the subscription was never answered"
+        feed.recv(timeout=0.2)
+
+
 def next_notice(feed: FeedClient, not_ids: tuple[str, ...] = ()) -> ValidationNotice:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -98,6 +106,10 @@ def test_notice_answer_from_the_old_tenant_is_refused_once_the_job_is_placed_ane
     acme_token, beta_token = token(controller, "acme"), token(controller, "beta")
     with tenant_feed(controller, ["job/acme/"], "acme", context=ctx) as acme, \
             tenant_feed(controller, ["job/beta/"], "beta", context=ctx) as beta:
+        # A new subscriber is sent what comes after its subscription is answered: the
+        # notice is sent once both tenants are subscribed (a busy machine may be slow).
+        subscribed(acme)
+        subscribed(beta)
         starts = time.time() + 900
         probe.send(ValidationNotice(JOB, ("0",), 600, starts, "plan-1", starts))
         first = next_notice(acme)
