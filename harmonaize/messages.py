@@ -256,6 +256,37 @@ class JobEnergy:
     saved_kj: Count
 
 
+class HoldKind(StrEnum):
+    """Why a host should get no new work, for the provider's scheduler."""
+
+    #: An operator drained the host (``harmonctl drain``).
+    DRAINED = "drained"
+    #: A GPU is quarantined (validation failed, an uncorrectable error, no answer).
+    GPU_QUARANTINED = "gpu-quarantined"
+    #: A GPU the driver no longer shows.
+    GPU_LOST = "gpu-lost"
+    #: A host-level validation check failed.
+    VALIDATION_FAILED = "validation-failed"
+    #: A condition of critical severity holds.
+    CONDITION = "condition"
+    #: Remediation asks the scheduler to reboot the host (resets did not help).
+    REBOOT = "reboot"
+    #: A GPU waits for return to the vendor; only an operator clears it.
+    RMA = "rma"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One reason a host should get no new work. For the provider's scheduler only:
+    the controller turns it into a drain reason there and never shows it to a tenant."""
+
+    kind: HoldKind
+    #: The GPU's index on the host; -1: the whole host.
+    gpu: Annotated[int, Num(-1, 4096)] = -1
+    #: In the agent's words: the recommended action, an operator's reason, a condition.
+    detail: Annotated[str, Str(max_len=200)] = ""
+
+
 @message("host-summary", Category.CONDITION)
 @dataclass(frozen=True)
 class HostSummary(Message):
@@ -268,6 +299,8 @@ class HostSummary(Message):
     links: Annotated[tuple[LinkHealth, ...], Len(16)] = ()
     #: Jobs here that declared a slowdown for energy (agent/gpu/energy.py).
     energy: Annotated[tuple[JobEnergy, ...], Len(64)] = ()
+    #: Why the host should get no new work (empty: it may), for the scheduler.
+    holds: Annotated[tuple[Hold, ...], Len(64)] = ()
 
 
 class Advice(StrEnum):

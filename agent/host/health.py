@@ -14,11 +14,20 @@ from typing import Any
 
 from agent.conditions import ConditionTracker, Finding, health_of
 from agent.config import ObserversSection
-from agent.gpu.health import GpuHealthEngine, GpuStep
+from agent.gpu.health import GpuHealthEngine, GpuState, GpuStep, GpuView
 from agent.host.rules import host_findings
 from agent.links.health import LinkHealthEngine, LinkLevels, LinkStep, views
 from agent.observations import Observations
-from harmonaize.messages import HostEvent, HostSummary, JobAdvisory
+from harmonaize.messages import (
+    Condition,
+    Hold,
+    HoldKind,
+    HostEvent,
+    HostSummary,
+    JobAdvisory,
+    Severity,
+    Status,
+)
 
 #: While a host condition waits out its sustain, the step is evaluated again this
 #: often (seconds) with unchanged inputs; otherwise only at the engines' deadlines.
@@ -115,8 +124,29 @@ class HostHealthEngine:
             gpus=gpu_step.counts,
             conditions=conditions,
             links=link_step.health,
+            holds=holds_of(drained, gpu_step.gpus, validation_failure, conditions),
         )
         return HealthStep(summary, events, gpu_step.advisories, gpu_step, link_step)
+
+
+def holds_of(drained: str | None, gpus: Sequence[GpuView], validation_failure: str | None,
+             conditions: Sequence[Condition]) -> tuple[Hold, ...]:
+    """Why the host should get no new work, for the provider's scheduler: an operator's
+    drain, each quarantined or lost GPU (with its recommended action), a failed host
+    check, each critical condition that holds."""
+    holds: list[Hold] = []
+    if drained is not None:
+        holds.append(Hold(HoldKind.DRAINED, -1, drained[:200]))
+    for gpu in gpus:
+        if gpu.state is GpuState.QUARANTINED:
+            holds.append(Hold(HoldKind.GPU_QUARANTINED, gpu.index, gpu.action.value))
+        elif gpu.state is GpuState.LOST:
+            holds.append(Hold(HoldKind.GPU_LOST, gpu.index, gpu.action.value))
+    if validation_failure is not None:
+        holds.append(Hold(HoldKind.VALIDATION_FAILED, -1, validation_failure[:200]))
+    holds.extend(Hold(HoldKind.CONDITION, -1, c.type) for c in conditions
+                 if c.status is Status.TRUE and c.severity is Severity.CRITICAL)
+    return tuple(holds[:64])
 
 
 class Republisher:
