@@ -415,6 +415,8 @@ class AgentDaemon:
         summary = result.summary
         if self.energy is not None:
             summary = replace(summary, energy=self.energy.reported(now))
+        if self.validation is not None and self.validation.planner.idle_wanted:
+            summary = replace(summary, idle_wanted=True)
         self.summary = summary
         self.last_step = result
         for event in result.events:

@@ -301,6 +301,9 @@ class HostSummary(Message):
     energy: Annotated[tuple[JobEnergy, ...], Len(64)] = ()
     #: Why the host should get no new work (empty: it may), for the scheduler.
     holds: Annotated[tuple[Hold, ...], Len(64)] = ()
+    #: A validation waits for the host's jobs to end (the controller may ask the
+    #: scheduler for a maintenance reservation, so no new job lands meanwhile).
+    idle_wanted: bool = False
 
 
 class Advice(StrEnum):

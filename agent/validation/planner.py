@@ -89,6 +89,9 @@ class Planner:
     #: Plans whose jobs were told and that will not start as announced (taken by the
     #: service with :meth:`take_cancelled`, to tell the jobs).
     cancelled: list[Plan] = field(default_factory=list)
+    #: Devices whose validation waits for their jobs to end, or runs after waiting:
+    #: the host wants to be idle (the controller reserves it in the scheduler).
+    idle_wanted: set[str] = field(default_factory=set)
     _numbered: int = 0
 
     def request(self, key: str, level: int, trigger: str = "operator") -> None:
@@ -122,6 +125,8 @@ class Planner:
             starts.append(plan)
         busy += len(starts)
         self.waiting = {k: v for k, v in self.waiting.items() if k in by_key}
+        waited = self.idle_wanted
+        self.idle_wanted = set()
         for device in sorted(by_key.values(), key=lambda d: d.key):
             if busy >= self.settings.max_parallel:
                 break
@@ -149,6 +154,10 @@ class Planner:
             else:
                 starts.append(Plan(device.key, device.gpu, level, trigger, now, pause))
             busy += 1
+        started = running | {p.key for p in starts}
+        # Every wait is for a tenant's jobs to end; a validation that waited keeps the
+        # host reserved until it is done.
+        self.idle_wanted |= set(self.waiting) | {key for key in waited if key in started}
         return starts, announced
 
     def _wanted(self, device: Device, now: float,
