@@ -201,6 +201,39 @@ class ClusterSection:
             raise ValueError("replica: a cluster replica needs a name")
 
 
+class SchedulerBackendName(StrEnum):
+    NONE = "none"
+    SLURM = "slurm"
+
+
+class SchedulerMode(StrEnum):
+    SHADOW = "shadow"  # log what would be done, do nothing
+    ACT = "act"
+
+
+@dataclass(frozen=True)
+class SchedulerSection:
+    """``[scheduler]``: hosts' holds drained and resumed in the provider's scheduler
+    (docs/operator-guide.md, "Slurm: drains and resumes"). Off by default; once on, in
+    shadow mode until the operator sets ``mode = "act"``."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    backend: SchedulerBackendName = SchedulerBackendName.NONE
+    mode: SchedulerMode = SchedulerMode.SHADOW
+    #: At most this share of a partition's nodes out of service at once, counting
+    #: nodes drained or down by anyone (the circuit breaker).
+    max_share: Annotated[float, Num(0.0, 1.0)] = 0.2
+    #: Host id -> scheduler node name, where they differ (identity otherwise).
+    node_map: Annotated[dict[Ident, Ident], Len(1_000_000)] = field(default_factory=dict)
+    scontrol: AbsPath = "/usr/bin/scontrol"
+    #: Seconds one scontrol call may take before it is killed and counted as failed.
+    timeout: Annotated[float, Num(0.1, 300.0)] = 10.0
+    #: Seconds between reads of every node's state when no hold changed.
+    reconcile: Annotated[float, Num(1.0, 3600.0)] = 30.0
+    #: Minutes a maintenance reservation for a validation lasts at most.
+    reservation_minutes: Annotated[int, Num(1, 7 * 24 * 60)] = 120
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     STRICT_KEYS: ClassVar[bool] = True
@@ -216,6 +249,7 @@ class ControllerConfig:
     tuning: AgreementSettings = field(default_factory=AgreementSettings)
     pools: PoolsSection = field(default_factory=PoolsSection)
     notices: NoticesSection = field(default_factory=NoticesSection)
+    scheduler: SchedulerSection = field(default_factory=SchedulerSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:
@@ -241,11 +275,15 @@ def reloaded(old: ControllerConfig,
         ("metrics", old.metrics, new.metrics),
         ("gateway", old.gateway, new.gateway),
         ("cluster", old.cluster, new.cluster),
+        ("scheduler.backend", old.scheduler.backend, new.scheduler.backend),
+        ("scheduler.scontrol", old.scheduler.scontrol, new.scheduler.scontrol),
     ) if before != after]
     running = dataclasses.replace(
         new, controller=dataclasses.replace(old.controller, log_level=new.controller.log_level,
                                             full_disk_retry=new.controller.full_disk_retry),
         feed=dataclasses.replace(new.feed, send_hwm=old.feed.send_hwm,
                                  socket_buffer=old.feed.socket_buffer),
-        auth=old.auth, metrics=old.metrics, gateway=old.gateway, cluster=old.cluster)
+        auth=old.auth, metrics=old.metrics, gateway=old.gateway, cluster=old.cluster,
+        scheduler=dataclasses.replace(new.scheduler, backend=old.scheduler.backend,
+                                      scontrol=old.scheduler.scontrol))
     return running, later

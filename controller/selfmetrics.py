@@ -123,6 +123,7 @@ def collect(server: ControllerServer) -> list[Family]:
                 "Admin connections closed for sitting idle.").add(stats.idle_closed),
     ]
     families += exhaustion_families(P, server.exhaustion)
+    families += server.scheduler.families()
     if server.gateway is not None:
         families += gateway_families(server.gateway)
     if server.metrics is not None:

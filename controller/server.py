@@ -72,6 +72,7 @@ from controller.outputs import (
     TenantPeer,
 )
 from controller.publications import SENDER
+from controller.scheduler.wiring import SchedulerWiring
 from controller.store import Store, StoreError
 from controller.writeback import Writer
 from harmonaize import __version__, keys
@@ -164,6 +165,8 @@ class ControllerServer:
         self.anonymous = cfg.auth.mode is AuthMode.NONE
         #: Tenants' HTTP gateway tokens (a cluster replica keeps them on its bus).
         self.tokens: TokenBook = Tokens(self.store.db)
+        #: Hosts' holds drained and resumed in the provider's scheduler ([scheduler]).
+        self.scheduler = SchedulerWiring(self)
         self.admin = OperatorSocket(
             cfg.controller.admin_socket,
             self._commands(),
@@ -300,6 +303,7 @@ class ControllerServer:
             ("feed-port", watch_handshakes(self.tenants, self.ports["feed"])),
             ("feed", self._feed_loop()),
             ("timer", self._timer_loop()),
+            *self.scheduler.loops(),
         ]
 
     # --- the loops -----------------------------------------------------------------------
@@ -322,6 +326,7 @@ class ControllerServer:
                 out += self.core.receive(AgentPeer(conn, host), message, now)
             out += self.core.tick(now, time.time())  # a Commit, then what it allows
             self._execute(out)
+            self.scheduler.poke()  # a host's holds may have changed
 
     async def _feed_loop(self) -> None:
         assert self.tenants is not None
@@ -460,6 +465,7 @@ class ControllerServer:
         if later:
             log.warning("changes to %s take effect at the next restart", ", ".join(later))
         self.core.reconfigure(self.cfg)
+        self.scheduler.reconfigure(self.cfg.scheduler)
         self.writer.retry = self.cfg.controller.full_disk_retry
         self._wake.set()  # the deadlines may have moved
         logging.getLogger().setLevel(new.controller.log_level.value.upper())
@@ -503,6 +509,7 @@ class ControllerServer:
                                    changes=True),
             "token-revoke": Command(self._cmd_token_revoke, "revoke a token by its id",
                                     changes=True),
+            **self.scheduler.commands(),
         }
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:

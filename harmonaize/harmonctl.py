@@ -27,6 +27,7 @@ from harmonaize import keys
 from harmonaize.energytables import render_energy
 from harmonaize.opsocket import CommandError, request
 from harmonaize.rdmatables import render_rdma
+from harmonaize.schedulertables import SCHEDULER_COMMANDS, render_scheduler
 from harmonaize.tables import fields, table
 from harmonaize.tuningtables import render_jobs, render_policy
 
@@ -392,6 +393,11 @@ CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "tenants": _render_tenants,
     "pools": _render_pools,
     "privacy": _render_privacy,
+    "scheduler": render_scheduler,
+    "scheduler-cancel": render_scheduler,
+    "scheduler-release": render_scheduler,
+    "scheduler-pause": render_scheduler,
+    "scheduler-resume": render_scheduler,
     "help": _render_help,
 }
 
@@ -485,6 +491,14 @@ def build_parser() -> argparse.ArgumentParser:
     token_sub.add_parser("list", parents=[common], help="every token, without secrets")
     revoke = token_sub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     revoke.add_argument("id")
+    scheduler = sub.add_parser(
+        "scheduler", parents=[common],
+        help="(controller) drains in the provider's scheduler: view; cancel or release a "
+        "node; pause or resume all")
+    scheduler.add_argument("action", nargs="?", default="view", choices=tuple(SCHEDULER_COMMANDS),
+                           help="view (default); cancel NODE: leave it alone until release "
+                           "NODE; pause: leave every node alone until resume")
+    scheduler.add_argument("node", nargs="?", help="the node, for cancel and release")
     keygen = sub.add_parser("keygen", parents=[common],
                             help="make a CurveZMQ key pair (local: talks to no daemon)")
     keygen.add_argument("name", help="controller, a host id, or a tenant name")
@@ -508,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Commands ``watch`` may repeat: they only read.
 WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "hosts", "capacity",
-             "events", "jobs", "feed", "tenants", "pools", "privacy", "energy")
+             "events", "jobs", "feed", "tenants", "pools", "privacy", "energy", "scheduler")
 #: Commands answered by harmonctl itself, without a daemon.
 LOCAL = ("keygen", "watch", "completion")
 
@@ -541,6 +555,10 @@ def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
         return {"tenant": ns.tenant, "days": ns.days, "note": ns.note}
     if ns.command == "token" and ns.action == "revoke":
         return {"id": ns.id}
+    if ns.command == "scheduler" and ns.action in ("cancel", "release"):
+        if not ns.node:
+            raise SystemExit(f"harmonctl: scheduler {ns.action} needs a NODE")
+        return {"node": ns.node}
     return {}
 
 
@@ -549,6 +567,8 @@ TOKEN_COMMANDS = {"issue": "token-issue", "list": "tokens", "revoke": "token-rev
 
 
 def _command(ns: argparse.Namespace) -> str:
+    if ns.command == "scheduler":
+        return SCHEDULER_COMMANDS[ns.action]
     return TOKEN_COMMANDS[ns.action] if ns.command == "token" else ns.command
 
 

@@ -47,6 +47,7 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("tenants", "controller", []),
     ("pools", "controller", []),
     ("privacy", "controller", []),
+    ("scheduler", "controller", []),
     ("token", "controller", ["issue", "--tenant", "acme", "--days", "1"]),
     ("token", "controller", ["list"]),
     ("unplace", "controller", ["j1"]),
