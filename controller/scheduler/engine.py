@@ -77,14 +77,17 @@ def reservation_name(node: str) -> str:
 class Breaker:
     """At most ``max_share`` of each partition out of service at once."""
 
-    def __init__(self, nodes: Iterable[Node], max_share: float) -> None:
+    def __init__(self, nodes: Iterable[Node], max_share: float,
+                 reservations: frozenset[str] = frozenset()) -> None:
+        """``reservations``: a node with our maintenance reservation counts as out
+        (Slurm 22.05 shows no flag on it while it is idle)."""
         self.max_share = max_share
         self.members: dict[str, set[str]] = {}
         self.out: dict[str, set[str]] = {}
         for node in nodes:
             for part in node.partitions:
                 self.members.setdefault(part, set()).add(node.name)
-                if node.out:
+                if node.out or reservation_name(node.name) in reservations:
                     self.out.setdefault(part, set()).add(node.name)
 
     def admit(self, node: Node) -> str:
@@ -118,7 +121,7 @@ class Engine:
         marks = self.marks
         hosts = {h.node: h for h in obs.hosts}
         nodes = {n.name: n for n in obs.nodes}
-        breaker = Breaker(obs.nodes, self.settings.max_share)
+        breaker = Breaker(obs.nodes, self.settings.max_share, obs.reservations)
         actions: list[Action] = []
         notes: list[str] = []
         rows: list[Row] = []

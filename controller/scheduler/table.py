@@ -74,5 +74,7 @@ def situation(node: Node, written: str | None, *, disowned: bool = False) -> Sit
     if node.reason.startswith(OURS):
         # Ours if it is what we wrote; an hz: reason we have no record of is one we
         # wrote before our records were lost. Anything else was typed by someone.
-        return Situation.OURS if written in (None, node.reason) else Situation.EDITED
+        mine = written is None or node.reason == written or \
+            node.reason.startswith(written + " : ")  # Slurm's own ": reboot issued"
+        return Situation.OURS if mine else Situation.EDITED
     return Situation.EDITED if written is not None else Situation.THEIRS
