@@ -26,6 +26,8 @@ ENGINES = (
     "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
+    "controller.scheduler.engine", "controller.scheduler.table",
+    "controller.scheduler.reasons", "controller.scheduler.types",
 )
 #: Modules that do I/O (or serve it), directly or by what they exist for.
 IO_MODULES = frozenset({
