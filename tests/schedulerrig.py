@@ -102,9 +102,11 @@ def _made(path: Path) -> Path:
     return path
 
 
-def start_rig(spawn: Any, workdir: Path, cluster: SlurmCluster, **section: Any) -> Rig:
-    controller = start_controller(spawn, workdir, scheduler_section(workdir, cluster,
-                                                                    **section))
+def start_rig(spawn: Any, workdir: Path, cluster: SlurmCluster, extra: str = "",
+              **section: Any) -> Rig:
+    """``extra``: more sections for the controller, before [scheduler]."""
+    controller = start_controller(spawn, workdir, extra + scheduler_section(
+        workdir, cluster, **section))
     return Rig(cluster, controller, workdir, spawn)
 
 

@@ -6,15 +6,17 @@ failing or hung scontrol."""
 
 from __future__ import annotations
 
+import subprocess
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from harmonaize.testbed.slurm import SlurmCluster
-from tests.conftest import needs_root
+from tests.conftest import free_port, needs_root, python
 from tests.daemons import wait_until
-from tests.schedulerrig import hand, start_rig
+from tests.schedulerrig import Rig, hand, start_rig
 
 pytestmark = [pytest.mark.scheduler, needs_root]
 pytest_plugins = ["tests.slurmcluster"]  # the make_slurm fixture
@@ -22,12 +24,23 @@ pytest_plugins = ["tests.slurmcluster"]  # the make_slurm fixture
 OUR_REASON = "hz: gpu 2 quarantined: drain"
 
 
+def harmonctl(rig: Rig, *args: str) -> str:
+    done = subprocess.run(python("harmonaize.harmonctl", "-C", str(rig.controller.admin),
+                                 *args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_quarantined_gpu_drains_the_node_with_our_reason_and_release_resumes_it(
         spawn, workdir: Path, make_slurm: Callable[..., SlurmCluster]) -> None:
-    rig = start_rig(spawn, workdir, make_slurm(count=2))
+    metrics = free_port()
+    rig = start_rig(spawn, workdir, make_slurm(count=2),
+                    extra=f'[metrics]\nlisten = "127.0.0.1:{metrics}"\n')
     agent = rig.agent("h1")
     agent.request("drain", {"gpu": 2, "reason": "looks odd"})
     wait_until(rig.drained, what="the node drained in slurmctld")
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read()
+    assert b'scheduler_actions_total{kind="drain",outcome="done"} 1' in scraped
     assert rig.node()["Reason"].startswith(OUR_REASON + " [")  # Slurm adds [user@time]
     assert not rig.drained(1)  # the other node is nobody's business
     agent.request("release", {"gpu": 2, "force": True})
@@ -103,7 +116,7 @@ def test_operator_cancel_survives_a_controller_restart_which_does_not_act_twice(
     h1, h2 = rig.agent("h1"), rig.agent("h2")
     h2.request("drain", {"gpu": 1, "reason": "looks odd"})
     wait_until(lambda: rig.drained(1), what="h2's node drained")
-    rig.controller.request("scheduler-cancel", {"node": cluster.nodes[0]})
+    harmonctl(rig, "scheduler", "cancel", cluster.nodes[0])
     h1.request("drain", {"gpu": 2, "reason": "looks odd"})
     wait_until(lambda: rig.row().get("held") == "cancelled by an operator",
                what="the cancelled node's drain held")
@@ -115,7 +128,9 @@ def test_operator_cancel_survives_a_controller_restart_which_does_not_act_twice(
     counters = rig.view()["counters"]
     assert counters.get("drain_done", 0) == 0 and counters.get("drain_failed", 0) == 0
     assert rig.row(1)["situation"] == "ours"
-    rig.controller.request("scheduler-release", {"node": cluster.nodes[0]})
+    shown = harmonctl(rig, "scheduler")
+    assert "cancelled by an operator" in shown and cluster.nodes[0] in shown
+    harmonctl(rig, "scheduler", "release", cluster.nodes[0])
     wait_until(rig.drained, what="the released node drained")
 
 

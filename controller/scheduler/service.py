@@ -37,8 +37,9 @@ from harmonaize.logs import one_line
 
 log = logging.getLogger("harmonaize.controller.scheduler")
 
-#: Seconds between two passes at the least (a burst of hold changes is one pass).
-MIN_GAP = 0.05
+#: Seconds between two passes at the least (a burst of hold changes is one pass, and a
+#: flapping host cannot make us run scontrol more than a few times a second).
+MIN_GAP = 0.25
 
 
 class SchedulerService:
