@@ -4,7 +4,9 @@ Real munged, slurmctld and two slurmd (harmonaize/testbed/slurm.py), a real cont
 with ``[scheduler]`` in act mode and a real agent on four fake GPUs, mapped to the first
 node. Each round quarantines GPU 2 (``harmonctl drain --gpu 2``) and polls ``scontrol
 show node`` until the node shows DRAIN with our reason; then releases the GPU and waits
-for the resume (not timed). The path: the agent's pass, its summary to the controller,
+for the resume (not timed) and a quiet second: the loop runs at most four passes a
+second in the long run (ten back to back), so rounds closer together would measure that
+limit rather than the reaction. The path: the agent's pass, its summary to the controller,
 one scontrol read of the nodes and reservations, the drain. Last line:
 ``scheduler-reaction VALUE s``, the p99. Needs root.
 """
@@ -81,6 +83,7 @@ def main() -> int:
                 latencies.append(time.perf_counter() - began)
                 request(sock, "release", {"gpu": 2, "force": True})
                 wait_until(lambda: not drained(env, node), timeout=60)
+                time.sleep(1.0)
     print(f"{len(latencies)} rounds: median {statistics.median(latencies):.3f} s, "
           f"p99 {percentile(latencies, 99):.3f} s, max {max(latencies):.3f} s")
     print(f"scheduler-reaction {percentile(latencies, 99):.3f} s")

@@ -37,9 +37,10 @@ from harmonaize.logs import one_line
 
 log = logging.getLogger("harmonaize.controller.scheduler")
 
-#: Seconds between two passes at the least (a burst of hold changes is one pass, and a
-#: flapping host cannot make us run scontrol more than a few times a second).
-MIN_GAP = 0.25
+#: Passes a second in the long run, and how many may come back to back: a hold change
+#: is acted on at once, a flapping host cannot make us run scontrol more often.
+PASS_RATE = 4.0
+PASS_BURST = 10.0
 
 
 class SchedulerService:
@@ -76,14 +77,21 @@ class SchedulerService:
 
     async def run(self) -> None:
         deadline = 0.0
+        tokens, refilled = PASS_BURST, time.monotonic()
         while True:
             delay = deadline - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
+            now = time.monotonic()
+            tokens = min(PASS_BURST, tokens + (now - refilled) * PASS_RATE)
+            refilled = now
+            if tokens < 1.0:
+                await asyncio.sleep((1.0 - tokens) / PASS_RATE)
+                continue  # refilled on the next turn
+            tokens -= 1.0
             self._wake.clear()
             deadline = await self.once()
-            await asyncio.sleep(MIN_GAP)
 
     async def once(self) -> float:
         """One pass: read, decide, act. Returns the next deadline (monotonic)."""
