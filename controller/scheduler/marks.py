@@ -19,6 +19,8 @@ class MarkStore:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
         self.db.execute(_SCHEMA)
+        #: The rows last stored (None: not known yet).
+        self._saved: list[tuple[str, str, str]] | None = None
 
     def load(self) -> Marks:
         marks = Marks()
@@ -40,6 +42,9 @@ class MarkStore:
                  for n in getattr(marks, kind)]
         if marks.paused:
             rows.append((*PAUSED, ""))
+        rows.sort()
+        if rows == self._saved:
+            return  # most passes change nothing: no write
         self.db.execute("BEGIN")
         try:
             self.db.execute("DELETE FROM scheduler_marks")
@@ -49,3 +54,4 @@ class MarkStore:
         except sqlite3.Error:
             self.db.execute("ROLLBACK")
             raise
+        self._saved = rows

@@ -51,7 +51,6 @@ class SchedulerService:
         self.engine = Engine(settings, marks.load())
         self.hosts = hosts
         self._wake = asyncio.Event()
-        self._seen: tuple[HostView, ...] | None = None
         self.counters: dict[str, int] = {"passes": 0, "read_failures": 0}
         self.last_error = ""
         self.last_read = 0.0  # wall time of the last good read
@@ -66,9 +65,8 @@ class SchedulerService:
         self._wake.set()
 
     def poke(self) -> None:
-        """Input arrived: a pass follows if any host's holds changed since the last."""
-        if self.hosts() != self._seen:
-            self._wake.set()
+        """A host's holds (or its wish to be idle, or its liveness) changed: a pass now."""
+        self._wake.set()
 
     def marks_changed(self) -> None:
         """An operator's cancel, release, pause or resume: store it, then act on it."""
@@ -96,7 +94,6 @@ class SchedulerService:
     async def once(self) -> float:
         """One pass: read, decide, act. Returns the next deadline (monotonic)."""
         hosts = self.hosts()
-        self._seen = hosts
         nodes, reservations = None, frozenset[str]()
         try:
             nodes = await self.backend.nodes()

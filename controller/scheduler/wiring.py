@@ -35,6 +35,8 @@ class SchedulerWiring:
         self.server = server
         self.service: SchedulerService | None = None
         self.backend: SlurmBackend | None = None
+        #: Per host: (its summary object, alive, what the loop acts on) at the last poke.
+        self._seen: dict[str, tuple[Any, bool, tuple[Any, ...]]] = {}
         section = server.cfg.scheduler
         if section.backend.value == "none":
             return
@@ -83,7 +85,23 @@ class SchedulerWiring:
         return [] if self.service is None else [("scheduler", self.service.run())]
 
     def poke(self) -> None:
-        if self.service is not None:
+        """After each batch of agents' frames: wake the loop if what it acts on changed.
+        A host's summary object is replaced by every summary, so it is compared by
+        identity first and its holds only when it is new: a batch costs a few
+        operations per host, and a summary that repeats the same holds wakes nothing."""
+        if self.service is None:
+            return
+        changed = False
+        seen = self._seen
+        for host_id, record in self.server.core.cluster.hosts.items():
+            summary, before = record.summary, seen.get(host_id)
+            if before is not None and before[0] is summary and before[1] == record.alive:
+                continue
+            key = (record.alive, summary.holds if summary else (),
+                   summary.idle_wanted if summary else False)
+            changed |= before is None or before[2] != key
+            seen[host_id] = (summary, record.alive, key)
+        if changed:
             self.service.poke()
 
     def reconfigure(self, section: SchedulerSection) -> None:
