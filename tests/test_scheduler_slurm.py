@@ -97,7 +97,7 @@ def test_breaker_holds_a_drain_beyond_the_partition_share_until_there_is_room(
     assert rig.node()["Reason"].startswith(OUR_REASON)
 
 
-def test_shadow_mode_logs_what_it_would_do_and_does_nothing(
+def test_shadow_mode_logs_what_it_would_do_and_does_nothing_until_reloaded_to_act(
         spawn, workdir: Path, make_slurm: Callable[..., SlurmCluster]) -> None:
     rig = start_rig(spawn, workdir, make_slurm(count=2), mode="shadow")
     agent = rig.agent("h1")
@@ -107,6 +107,10 @@ def test_shadow_mode_logs_what_it_would_do_and_does_nothing(
     assert not rig.drained()
     assert len(rig.log_lines("shadow mode: would drain")) == 1
     assert rig.row()["held"] == "shadow mode"
+    config = rig.controller.config
+    config.write_text(config.read_text().replace('mode = "shadow"', 'mode = "act"'))
+    rig.controller.request("reload")
+    wait_until(rig.drained, what="the drain once the operator set act")
 
 
 def test_operator_cancel_survives_a_controller_restart_which_does_not_act_twice(
