@@ -19,6 +19,8 @@ from harmonaize.config import AbsPath, Endpoint, LogLevel, MetricsSection, Optio
 from harmonaize.schema import Fraction, Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/agent.toml")
+#: A Slurm job's cgroup, v1 or v2: a path component ``job_<digits>``.
+SLURM_JOB_CGROUP = r"/job_(?P<job>[0-9]+)(/|$)"
 
 
 @dataclass(frozen=True)
@@ -285,9 +287,12 @@ class GpuObserverSection:
     #: Environment variable the provider's scheduler sets to a process's job id: a hint
     #: only, which the process's cgroup or its holding the job's Unix group must back.
     job_env: EnvName = "HARMONAIZE_JOB"
-    #: A regular expression with a group named "job" over the process's cgroup path (e.g.
-    #: Slurm's "/job_(?P<job>[0-9]+)(/|$)"): where it matches, the cgroup names the job.
-    job_cgroup_pattern: Annotated[str, Str(max_len=512)] = ""
+    #: A regular expression with a group named "job" over the process's cgroup path:
+    #: where it matches, the cgroup names the job. The default is Slurm's (proctrack or
+    #: task/cgroup): "job_<id>" as a whole path component, in cgroup v1's
+    #: /slurm[_<node>]/uid_<u>/job_<id>/step_<n> and v2's .../job_<id>/step_<n>/...;
+    #: "" turns it off.
+    job_cgroup_pattern: Annotated[str, Str(max_len=512)] = SLURM_JOB_CGROUP
     #: Launcher variables that name a process's rank, in the tenant's terms.
     rank_env: Annotated[tuple[EnvName, ...], Len(16)] = (
         "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")

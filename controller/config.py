@@ -33,6 +33,10 @@ class ControllerSection:
     feed: Endpoint = "tcp://*:7401"
     admin_socket: AbsPath = "/run/harmonaize/controller.sock"
     admin_group: Name = "harmonaize"
+    #: Users (besides root) who may run ``place`` and ``unplace`` on the admin socket:
+    #: the scheduler's hook's (Slurm's SlurmUser). They open the socket as members of
+    #: admin_group.
+    scheduler_users: Annotated[tuple[Ident, ...], Len(16)] = ()
     database: AbsPath = "/var/lib/harmonaize/controller.db"
     log_level: LogLevel = LogLevel.INFO
     #: Seconds between tries to write again while the database's disk is full (writing
@@ -268,6 +272,8 @@ def reloaded(old: ControllerConfig,
         ("controller.feed", old.controller.feed, new.controller.feed),
         ("controller.admin_socket", old.controller.admin_socket, new.controller.admin_socket),
         ("controller.admin_group", old.controller.admin_group, new.controller.admin_group),
+        ("controller.scheduler_users", old.controller.scheduler_users,
+         new.controller.scheduler_users),
         ("controller.database", old.controller.database, new.controller.database),
         ("feed.send_hwm", old.feed.send_hwm, new.feed.send_hwm),
         ("feed.socket_buffer", old.feed.socket_buffer, new.feed.socket_buffer),

@@ -241,6 +241,10 @@ class ControllerCore:
         self._now = now
         previous = self.redactor.placements.get(placement.job)
         placement = self._numbered(placement, previous)
+        if previous == placement:
+            # Said again (a scheduler's hook replaying what it spooled): nothing changes,
+            # so nothing is published, forwarded or stored anew.
+            return []
         if previous is not None and previous.tenant != placement.tenant:
             # A job id now belongs to someone else: the old owner's declaration is void.
             self._withdraw(placement.job)

@@ -450,7 +450,7 @@ class ReplicaServer(ControllerServer):
         commands = super()._commands()
         for name, (text, changes) in LEADER_COMMANDS.items():
             commands[name] = Command(self._asker(name), f"{text} (asked of the leader)",
-                                     changes=changes)
+                                     changes=changes, scheduler=name in ("place", "unplace"))
         commands["feed"] = Command(lambda _: views.feed(self.core, time.monotonic()),
                                    "tenant subscribers at this replica: topics, sent, dropped")
         commands["status"] = Command(self._cluster_status_command,

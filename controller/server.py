@@ -172,6 +172,7 @@ class ControllerServer:
             self._commands(),
             group=cfg.controller.admin_group,
             mode=0o660,
+            scheduler_users=cfg.controller.scheduler_users,
         )
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -491,8 +492,9 @@ class ControllerServer:
             "jobs": Command(lambda _: views.jobs(core, time.monotonic()),
                             "jobs' placements (from the scheduler)"),
             "place": Command(self._cmd_place, "record a job's placement: job, tenant, members",
-                             changes=True),
-            "unplace": Command(self._cmd_unplace, "forget a job's placement", changes=True),
+                             changes=True, scheduler=True),
+            "unplace": Command(self._cmd_unplace, "forget a job's placement", changes=True,
+                               scheduler=True),
             "events": Command(self._cmd_events, "recent host events"),
             "feed": Command(lambda _: views.feed(core, time.monotonic()),
                             "tenant subscribers: topics, sent, dropped"),
@@ -568,10 +570,13 @@ class ControllerServer:
         self._writable()
         self._execute(self.core.place(placement, time.monotonic(), time.time()))
         self._stored()
-        return {"job": placement.job, "members": len(placement.members)}
+        return views.placed(self.core, placement)
 
     def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
         job = args.get("job")
+        if isinstance(job, str) and job not in self.core.redactor.placements and \
+                args.get("missing_ok") is True:
+            return {"job": job, "placed": False}  # a scheduler's epilog said it again
         if not isinstance(job, str) or job not in self.core.redactor.placements:
             raise CommandError("job must name a placed job")
         self._writable()

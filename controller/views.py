@@ -43,6 +43,14 @@ def placement(args: dict[str, Any]) -> Placement:
                      tuple(Member(m.name, m.host) for m in request.members), request.group)
 
 
+def placed(core: ControllerCore, placement: Placement) -> dict[str, Any]:
+    """The ``place`` command's answer: hosts the controller has never heard from are
+    named (a node without an agent yet, or a scheduler's name for a host that is not
+    its agent's host id)."""
+    unknown = sorted(placement.hosts - core.cluster.hosts.keys())
+    return {"job": placement.job, "members": len(placement.members), "unknown_hosts": unknown}
+
+
 def counters(core: ControllerCore) -> dict[str, Any]:
     """The core's part of ``status``."""
     hosts = core.cluster.hosts.values()

@@ -17,10 +17,11 @@ import inspect
 import json
 import logging
 import os
+import pwd
 import socket
 import stat
 import struct
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -52,7 +53,9 @@ SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 class Access(IntEnum):
     NONE = 0
     READ = 1
-    ADMIN = 2
+    #: The scheduler's own user: reads, and the commands marked ``scheduler``.
+    SCHEDULER = 2
+    ADMIN = 3
 
 
 class CommandError(Exception):
@@ -66,8 +69,11 @@ Handler = Callable[[dict[str, Any]], Any | Awaitable[Any]]
 class Command:
     handler: Handler
     help: str
-    #: Commands that change state are for root only.
+    #: Commands that change state are for root only ...
     changes: bool = False
+    #: ... except these, which the scheduler's users may run too (its hooks run as
+    #: SlurmUser, not root): recording and forgetting placements, nothing else.
+    scheduler: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,11 @@ class OperatorSocket:
         *,
         group: str = "",
         mode: int = 0o660,
+        scheduler_users: Sequence[str] = (),
     ) -> None:
         self.path = Path(path)
+        self.scheduler_users = tuple(scheduler_users)
+        self.scheduler_uids: frozenset[int] = frozenset()
         self.commands = dict(commands)
         self.commands.setdefault("help", Command(self._help, "list the commands"))
         self.group = group
@@ -148,6 +157,7 @@ class OperatorSocket:
                 raise RuntimeError(f"{self.path}: another instance is serving this socket")
             self.path.unlink()
         self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+        self.scheduler_uids = frozenset(self._uids(self.scheduler_users))
         mode = self.mode
         if self.group:
             try:
@@ -170,9 +180,20 @@ class OperatorSocket:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
+    def _uids(self, names: Sequence[str]) -> list[int]:
+        uids = []
+        for name in names:
+            try:
+                uids.append(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                log.warning("scheduler user %r does not exist: ignored", name)
+        return uids
+
     def access_of(self, peer: Peer) -> Access:
         if peer.uid == 0:
             return Access.ADMIN
+        if peer.uid in self.scheduler_uids:
+            return Access.SCHEDULER
         if self.gid is not None and (peer.gid == self.gid or self.gid in peer.groups):
             return Access.READ
         return Access.NONE
@@ -267,7 +288,8 @@ class OperatorSocket:
         if command is None:
             self.stats.errors += 1
             return {"ok": False, "error": f"unknown command {name[:60]!r}; try 'help'"}
-        if command.changes and access is not Access.ADMIN:
+        if command.changes and access is not Access.ADMIN and not (
+                command.scheduler and access is Access.SCHEDULER):
             self.stats.denied += 1
             return {"ok": False, "error": f"permission denied: {name!r} is for root only"}
         self.stats.by_command[name] = self.stats.by_command.get(name, 0) + 1

@@ -388,10 +388,12 @@ class Leader:
                 placement = views.placement(args)
             except SchemaError as exc:
                 raise CommandError(str(exc)) from None
-            return ({"job": placement.job, "members": len(placement.members)},
-                    core.place(placement, now, wall))
+            return views.placed(core, placement), core.place(placement, now, wall)
         if name == "unplace":
             job = args.get("job")
+            if isinstance(job, str) and job not in core.redactor.placements and \
+                    args.get("missing_ok") is True:
+                return {"job": job, "placed": False}, []
             if not isinstance(job, str) or job not in core.redactor.placements:
                 raise CommandError("job must name a placed job")
             return {"job": job}, core.unplace(job, now)

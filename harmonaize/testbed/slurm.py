@@ -195,7 +195,10 @@ class SlurmCluster:
     def sbatch(self, *args: str, script: str | None = None) -> str:
         """Submit a batch job; its id. ``script`` is the batch script's text."""
         extra = {"input": script} if script is not None else {}
-        out = self.run("sbatch", "--parsable", *args, **extra).stdout.strip()
+        # The job's output goes to this cluster's directory, not the caller's.
+        output = () if any(a.startswith(("-o", "--output")) for a in args) else (
+            f"--output={self.dir}/job-%j.out",)
+        out = self.run("sbatch", "--parsable", *output, *args, **extra).stdout.strip()
         return out.split(";")[0]
 
     def node(self, name: str) -> dict[str, str]:

@@ -1,0 +1,197 @@
+"""Requests for the controller, written down before they are sent and sent in order.
+
+A prolog or epilog must never fail or wait on the controller, and nothing it recorded
+may be lost, so each request is first a file in ``queue/`` (numbered under a lock,
+written, flushed to disk and renamed into place), then delivered oldest first by
+whichever invocation holds the delivery lock, and removed once the controller has it.
+What the controller refuses for good is moved to ``rejected/`` (kept for the operator,
+named in the log); what could not be delivered now stays for the next invocation or
+the timer's ``harmonaize-slurm replay``.
+
+One deliverer at a time keeps the order: an invocation that finds the lock taken
+leaves its request to the holder, which looks at the queue again after letting go
+(the request was written before the holder let go, so it is seen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import heapq
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+#: A spooled request is read whole; nothing the hook writes comes near this.
+MAX_REQUEST = 1024 * 1024
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"  # the controller has it (or had it already)
+    REJECTED = "rejected"    # the controller refuses it for good: kept aside
+    LATER = "later"          # the controller is down, hung or busy: try again later
+
+
+@dataclass
+class Sent:
+    outcome: Outcome
+    detail: str = ""
+
+
+@dataclass
+class Round:
+    delivered: int = 0
+    rejected: int = 0
+    left: int = 0
+    #: Why delivery stopped early (the controller's state), "" when the queue emptied.
+    stopped: str = ""
+    #: Another invocation held the delivery lock (it delivers what is queued).
+    busy: bool = False
+
+
+class Spool:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.queue = self.root / "queue"
+        self.rejected = self.root / "rejected"
+
+    def put(self, request: dict[str, Any]) -> Path:
+        """Write ``request`` at the end of the queue, durably; its file."""
+        self.queue.mkdir(parents=True, exist_ok=True, mode=0o750)
+        data = json.dumps({**request, "spooled": time.time()}, separators=(",", ":"))
+        with _locked(self.root / ".seq") as counter:
+            raw = os.pread(counter, 32, 0).strip()
+            seq = int(raw) + 1 if raw.isdigit() else 1
+            temp = self.queue / f".{os.getpid()}.tmp"
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+            try:
+                os.write(fd, data.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                while True:  # link, unlike rename, never replaces a request already there
+                    name = self.queue / f"{seq:016d}.json"
+                    try:
+                        os.link(temp, name)
+                        break
+                    except FileExistsError:
+                        seq += 1
+            finally:
+                os.unlink(temp)
+            os.ftruncate(counter, 0)
+            os.pwrite(counter, str(seq).encode(), 0)
+        return name
+
+    def pending(self, limit: int | None = None) -> list[Path]:
+        """Queued requests, oldest first (``limit`` of them at most)."""
+        try:
+            entries = [e.name for e in os.scandir(self.queue)
+                       if e.name.endswith(".json") and not e.name.startswith(".")]
+        except FileNotFoundError:
+            return []
+        names = sorted(entries) if limit is None else heapq.nsmallest(limit, entries)
+        return [self.queue / n for n in names]
+
+    def deliver(self, send: Callable[[dict[str, Any]], Sent], *, limit: int,
+                deadline: float, note: Callable[[str], None]) -> Round:
+        """Send queued requests in order until the queue is empty, ``limit`` were sent,
+        ``deadline`` (monotonic) passed, or the controller could not take one."""
+        result = Round()
+        while True:
+            with _try_locked(self.root / ".deliver") as held:
+                if not held:
+                    result.busy = True
+                    break
+                self._drain(send, result, limit, deadline, note)
+            # Let go, then look again: a request queued while we held the lock and whose
+            # writer found it taken is ours to send.
+            if result.stopped or not self.pending(1):
+                break
+        result.left = len(self.pending())
+        return result
+
+    def _drain(self, send: Callable[[dict[str, Any]], Sent], result: Round, limit: int,
+               deadline: float, note: Callable[[str], None]) -> None:
+        while not result.stopped:
+            batch = self.pending(min(64, limit - result.delivered - result.rejected))
+            if not batch:
+                return
+            for path in batch:
+                if result.delivered + result.rejected >= limit:
+                    result.stopped = f"{limit} requests delivered this time"
+                    return
+                if time.monotonic() >= deadline:
+                    result.stopped = "out of time"
+                    return
+                request = _read(path)
+                if request is None:
+                    self._reject(path, "not a request (unreadable or not JSON)", note)
+                    result.rejected += 1
+                    continue
+                sent = send(request)
+                if sent.outcome is Outcome.DELIVERED:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                    result.delivered += 1
+                elif sent.outcome is Outcome.REJECTED:
+                    self._reject(path, sent.detail, note)
+                    result.rejected += 1
+                else:
+                    result.stopped = sent.detail
+                    return
+
+    def _reject(self, path: Path, why: str, note: Callable[[str], None]) -> None:
+        self.rejected.mkdir(parents=True, exist_ok=True, mode=0o750)
+        target = self.rejected / f"{time.time_ns()}-{path.name}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, target)
+        note(f"request {path.name} refused by the controller, kept as {target}: {why}")
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, MAX_REQUEST)
+    finally:
+        os.close(fd)
+    try:
+        request = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(request, dict) or request.get("cmd") not in ("place", "unplace") \
+            or not isinstance(request.get("args"), dict):
+        return None
+    return request
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # closing lets go of the lock
+
+
+@contextlib.contextmanager
+def _try_locked(path: Path) -> Iterator[bool]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)

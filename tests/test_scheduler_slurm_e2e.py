@@ -1,0 +1,117 @@
+"""A job placed by Slurm alone (issue 29, item 1), end to end on real daemons: munged,
+slurmctld and slurmd, the controller, an agent on the fake NVML's GPUs and a tenant
+subscribed. The job is submitted with sbatch and launched with plain srun, with no
+HARMONAIZE_* variable: the prolog records its placement, the agent finds its GPU
+processes' job in Slurm's cgroup and their ranks in SLURM_PROCID, an XID on its GPU
+reaches the tenant as the job's advisory, and the epilog removes the placement."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.config import SLURM_JOB_CGROUP
+from agent.gpu.jobs import job_from_cgroup
+from harmonaize.messages import JobAdvisory
+from harmonaize.testbed.slurm import SlurmCluster
+from tests.conftest import Spawn
+from tests.daemons import (
+    NO_LINKS,
+    Agent,
+    fake_gpus,
+    gpu_section,
+    start_agent,
+    start_controller,
+    tenant_feed,
+    wait_until,
+)
+from tests.slurmhook import make_hook
+
+pytestmark = pytest.mark.scheduler
+pytest_plugins = ["tests.slurmcluster"]
+
+
+@pytest.mark.parametrize(("cgroup", "job"), [
+    ("6:freezer:/slurm_n2/uid_0/job_2/step_0", "2"),  # v1, multiple-slurmd
+    ("4:memory:/slurm/uid_1000/job_17/step_batch/task_0", "17"),  # v1
+    ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1", "4242"),  # v2
+    ("0::/system.slice/slurmstepd.scope/job_9", "9"),
+    ("0::/user.slice/myjob_3/x", None),  # not a path component of its own
+    ("0::/system.slice/slurmstepd.scope/job_12x/step_0", None),
+    ("0::/", None),
+])
+def test_agent_finds_the_slurm_job_in_cgroup_v1_and_v2_layouts_by_default(
+        cgroup: str, job: str | None) -> None:
+    assert job_from_cgroup(cgroup, re.compile(SLURM_JOB_CGROUP)) == job
+
+
+def jobs_on(agent: Agent, index: int) -> list[dict]:
+    return next(g for g in agent.request("health")["gpus"] if g["index"] == index)["jobs"]
+
+
+def task_pids(path: Path, count: int) -> dict[str, int]:
+    """SLURM_PROCID -> pid, as the job's tasks wrote them."""
+    if not path.exists():
+        return {}
+    found = dict(line.split()[::-1] for line in path.read_text().splitlines()
+                 if len(line.split()) == 2)
+    return {rank: int(pid) for rank, pid in found.items()} if len(found) >= count else {}
+
+
+def test_a_job_placed_by_slurm_alone_reaches_agent_controller_and_tenant(
+        spawn: Spawn, workdir: Path, make_slurm) -> None:
+    controller = start_controller(spawn, workdir, admin_group="slurm",
+                                  extra='scheduler_users = ["slurm"]\n')
+    fake, env = fake_gpus(workdir)
+    # No job_cgroup_pattern: the default is Slurm's.
+    agent = start_agent(spawn, workdir, "g1", endpoint=controller.listen, env=env,
+                        links=NO_LINKS + gpu_section())
+    node = "hz" + workdir.name[-6:].lower().replace("_", "x") + "a"
+    hook = make_hook(workdir, controller.admin, accounts={"physics": "acme"},
+                     hosts={node: "g1"}, owner="slurm")
+    slurm: SlurmCluster = make_slurm(
+        [node], extra_conf=[f"PrologSlurmctld={hook.wrapper}",
+                            f"EpilogSlurmctld={hook.wrapper}"])
+    pids = workdir / "tasks"
+    pids.touch()
+    pids.chmod(0o666)
+    job = slurm.sbatch(
+        "-A", "physics", "-N1", "-n2", "--export=NONE",
+        # --export=NONE: the tasks get Slurm's variables only (so no PATH either).
+        script="#!/bin/sh\n"
+               f"/usr/bin/srun -n2 /bin/sh -c 'echo $$ $SLURM_PROCID >> {pids};"
+               f" /usr/bin/env > {pids}.env$SLURM_PROCID; exec /bin/sleep 600'\n")
+    ranks = wait_until(lambda: task_pids(pids, 2), 60, "the job's two tasks")
+    assert not any(line.startswith("HARMONAIZE_")
+                   for rank in ranks for line in Path(f"{pids}.env{rank}").read_text().split())
+    # The prolog recorded the placement, in the tenant's terms, on the agent's host.
+    placed = wait_until(lambda: {j["job"]: j for j in controller.request("jobs")}.get(job),
+                        30, "the prolog's placement")
+    assert placed["tenant"] == "acme"
+    assert placed["members"] == [{"name": "node0", "host_id": "g1"}]
+    # The fake driver reports the tasks on GPUs 0 and 1 (the hardware edge); the agent
+    # finds their job from their cgroup and their ranks from SLURM_PROCID.
+    fake.set(0, processes={ranks["0"]: 1 << 30})
+    fake.set(1, processes={ranks["1"]: 1 << 30})
+    wait_until(lambda: jobs_on(agent, 0) == [{"job": job, "rank": "0"}], 30,
+               "GPU 0's process counted for the Slurm job")
+    wait_until(lambda: jobs_on(agent, 1) == [{"job": job, "rank": "1"}], 30,
+               "GPU 1's process counted for the Slurm job")
+    with tenant_feed(controller, [f"job/acme/{job}/"]) as feed:
+        fake.inject_xid(1, 79)
+        advisory = None
+        while advisory is None:
+            message = feed.recv(timeout=20)
+            assert message is not None, "no advisory reached the tenant"
+            if isinstance(message.body, JobAdvisory):
+                advisory = message.body
+        # Named as the placement names the job's members: its node index (SLURM_NODEID;
+        # the task layout is each step's, unknown when the job starts).
+        assert advisory.job == job and advisory.ranks == ("node0",)
+    # The job ends: the epilog removes its placement.
+    slurm.run("scancel", job)
+    wait_until(lambda: job not in {j["job"] for j in controller.request("jobs")}, 30,
+               "the epilog's unplace")
+    assert hook.queued() == [] and hook.rejected() == []
