@@ -91,7 +91,7 @@ def test_validation_waiting_for_an_idle_host_gets_a_maintenance_reservation(
     shown = cluster.scontrol("-o", "show", "reservation", name)
     assert f"Nodes={node} " in shown and "MAINT" in shown and "IGNORE_JOBS" in shown
     # No new job lands on the node meanwhile.
-    job = cluster.sbatch("-w", node, "--wrap", "true")
+    job = cluster.sbatch("-w", node, "-o", "/dev/null", "--wrap", "true")
     rig.passes_after(2)
     assert cluster.job(job)["JobState"] == "PENDING"
     host.summary(idle_wanted=False)
