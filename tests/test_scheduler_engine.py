@@ -208,3 +208,49 @@ def test_breaker_never_takes_more_than_the_share_out(size: int, sick: int,
     hosts = [_host(f"n{i}", QUARANTINED) for i in range(min(sick, size))]
     drains = _step(engine, hosts, nodes)
     assert len(drains) <= share * size
+
+
+REASONS = st.sampled_from(["", "hz: gpu 2 quarantined: reset-gpu", "hz: gpu 5 rma",
+                           "bad fan", "hz: edited by hand", "Not responding"])
+FLAGS = st.sampled_from([("IDLE",), ("IDLE", "DRAIN"), ("MIXED", "DRAIN"), ("DOWN",),
+                         ("IDLE", "DRAIN", "REBOOT_REQUESTED"), ("ALLOCATED",)])
+HOLDS = st.sampled_from([(), QUARANTINED, (Hold(HoldKind.RMA, 5, ""),),
+                         (Hold(HoldKind.REBOOT, -1, ""),)])
+
+
+@st.composite
+def situations(draw: st.DrawFn) -> tuple[list[Node], list[HostView], Marks, float]:
+    count = draw(st.integers(1, 12))
+    nodes, hosts, marks = [], [], Marks()
+    for i in range(count):
+        flags, reason = draw(FLAGS), draw(REASONS)
+        nodes.append(_node(f"n{i}", *flags, reason=reason if "DRAIN" in flags else ""))
+        if draw(st.booleans()):
+            marks.ours[f"n{i}"] = draw(REASONS.filter(lambda r: r.startswith("hz:")))
+        if draw(st.booleans()):
+            hosts.append(_host(f"n{i}", draw(HOLDS), alive=draw(st.booleans())))
+    return nodes, hosts, marks, draw(st.floats(0.0, 1.0))
+
+
+@given(situations())
+@example(([_node("n0", "IDLE", "DRAIN", reason="bad fan")], [_host("n0")],
+          Marks(ours={"n0": "hz: gpu 5 rma"}), 1.0))
+def test_only_our_own_reasons_are_resumed_or_rewritten_and_the_breaker_holds(
+        case: tuple[list[Node], list[HostView], Marks, float]) -> None:
+    nodes, hosts, marks, share = case
+    written = dict(marks.ours)
+    engine = Engine(Settings(mode=Mode.ACT, max_share=share), marks)
+    actions = _step(engine, hosts, nodes)
+    by_name = {n.name: n for n in nodes}
+    alive = {h.node for h in hosts if h.alive}
+    for action in actions:
+        node = by_name[action.node]
+        assert action.node in alive  # a silent or unknown host's node is never touched
+        if isinstance(action, Resume | Drain) and node.drained:
+            # Resumed or rewritten: only a drain we wrote (or an hz: one we forgot).
+            assert node.reason == written.get(action.node, node.reason)
+            assert node.reason.startswith("hz:") and not node.rebooting
+    newly_out = {a.node for a in actions if isinstance(a, Drain | Reboot)
+                 and not by_name[a.node].out}
+    out_before = {n.name for n in nodes if n.out}
+    assert len(out_before | newly_out) <= max(len(out_before), share * len(nodes))
