@@ -23,11 +23,16 @@ from tests.daemons import (
     wait_until,
 )
 
-#: The wrapper fails while FAIL exists, hangs while HANG exists, else runs scontrol.
+#: The wrapper fails while scontrol.fail exists, refuses changes while
+#: scontrol.refuse exists, hangs while scontrol.hang exists, else runs scontrol.
 WRAPPER = """#!/bin/sh
 [ -e {dir}/scontrol.hang ] && exec sleep 600
 if [ -e {dir}/scontrol.fail ]; then
   echo "slurm_load_node error: Unable to contact slurm controller (connect failure)" >&2
+  exit 1
+fi
+if [ -e {dir}/scontrol.refuse ] && [ "$1" = update ]; then
+  echo "slurm_update error: Access/permission denied" >&2
   exit 1
 fi
 SLURM_CONF={conf} exec /usr/bin/scontrol "$@"

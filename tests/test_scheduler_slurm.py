@@ -138,6 +138,20 @@ def test_operator_cancel_survives_a_controller_restart_which_does_not_act_twice(
     wait_until(rig.drained, what="the released node drained")
 
 
+def test_a_refused_drain_costs_one_line_is_counted_and_retried(
+        spawn, workdir: Path, make_slurm: Callable[..., SlurmCluster]) -> None:
+    rig = start_rig(spawn, workdir, make_slurm(count=2))
+    agent = rig.agent("h1")
+    (workdir / "scontrol.refuse").touch()
+    agent.request("drain", {"gpu": 2, "reason": "looks odd"})
+    wait_until(lambda: rig.view()["counters"].get("drain_failed", 0) >= 2,
+               what="the drain refused twice")
+    assert len(rig.log_lines("permission denied")) == 1
+    assert not rig.drained()
+    (workdir / "scontrol.refuse").unlink()
+    wait_until(rig.drained, what="the drain once scontrol takes it")
+
+
 def test_a_failing_then_hung_scontrol_costs_one_line_and_is_retried(
         spawn, workdir: Path, make_slurm: Callable[..., SlurmCluster]) -> None:
     rig = start_rig(spawn, workdir, make_slurm(count=2))

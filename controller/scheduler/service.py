@@ -51,6 +51,8 @@ class SchedulerService:
         self.engine = Engine(settings, marks.load())
         self.hosts = hosts
         self._wake = asyncio.Event()
+        #: Per node, the last action failure said (each is logged once per episode).
+        self._failing: dict[str, str] = {}
         self.counters: dict[str, int] = {"passes": 0, "read_failures": 0}
         self.last_error = ""
         self.last_read = 0.0  # wall time of the last good read
@@ -136,9 +138,12 @@ class SchedulerService:
                     await self.backend.unreserve(name)
         except SchedulerError as exc:
             self.engine.failed(action, time.monotonic())
-            log.warning("%s on node %s failed, tried again later: %s",
-                        type(action).__name__.lower(), action.node, exc)
+            said = f"{type(action).__name__.lower()} on node {action.node} failed: {exc}"
+            if self._failing.get(action.node) != said:  # once per episode, counted always
+                log.warning("%s (tried again until it works)", said)
+            self._failing[action.node] = said
             return False
+        self._failing.pop(action.node, None)
         self.engine.done(action)
         log.info("scheduler: %s", _said(action))
         return True
