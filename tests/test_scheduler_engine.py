@@ -77,8 +77,15 @@ def test_someone_elses_drain_is_never_resumed_nor_drained_over() -> None:
     nodes = [_node("n1", "IDLE", "DRAIN", reason="bad fan, bob"), *_spare(3)]
     step = engine.step(Observations((_host("n1", QUARANTINED),), tuple(nodes)), 0.0)
     assert step.actions == []
-    assert any("drained by someone else" in note for note in step.notes)
+    assert any("drained or down by someone else" in note for note in step.notes)
     assert _step(engine, [_host("n1")], nodes) == []
+
+
+def test_a_node_down_for_someone_elses_reason_keeps_that_reason() -> None:
+    engine = Engine(ACT)
+    nodes = [_node("n1", "DOWN", reason="Not responding"), *_spare(4)]
+    assert _step(engine, [_host("n1", QUARANTINED)], nodes) == []
+    assert engine.rows[0].situation == "theirs"
 
 
 def test_a_hand_edited_reason_is_theirs_and_said_once() -> None:

@@ -138,7 +138,7 @@ class Engine:
         for name in sorted(nodes):
             node, host = nodes[name], hosts.get(name)
             sit = situation(node, marks.ours.get(name), disowned=name in marks.disowned)
-            if sit is Situation.FREE:  # nothing of ours there any more
+            if not node.drained and not node.rebooting:  # nothing of ours there any more
                 marks.ours.pop(name, None)
                 marks.disowned.discard(name)
             want = want_of(host, marks)
@@ -155,7 +155,7 @@ class Engine:
                     say(f"leave:{name}", f"node {name}: its drain reason was edited by hand "
                         f"({node.reason!r}): it is not ours any more, left alone")
                 elif want in (Want.HOLD, Want.REBOOT):
-                    say(f"leave:{name}", f"node {name}: drained by someone else "
+                    say(f"leave:{name}", f"node {name}: drained or down by someone else "
                         f"({node.reason!r}); our holds are not written there")
             if action is not None:
                 if name in marks.cancelled or marks.paused:

@@ -13,10 +13,10 @@ from controller.scheduler.types import OURS, Node
 
 
 class Situation(StrEnum):
-    FREE = "free"            # not drained
+    FREE = "free"            # not drained (nor down for someone else's reason)
     OURS = "ours"            # drained with the reason we wrote (or an hz: one we forgot)
     EDITED = "edited"        # we drained it, then someone changed the reason: theirs now
-    THEIRS = "theirs"        # drained by someone else
+    THEIRS = "theirs"        # drained, or down with a reason, by someone else
     REBOOTING = "rebooting"  # a reboot is pending: the scheduler owns it until it is back
 
 
@@ -68,6 +68,10 @@ def situation(node: Node, written: str | None, *, disowned: bool = False) -> Sit
     if node.rebooting:
         return Situation.REBOOTING
     if not node.drained:
+        # Down or failed with a reason (Slurm's "Not responding", an operator's
+        # state=down): drain would overwrite that reason, so it is theirs.
+        if node.flags & {"DOWN", "FAIL"} and node.reason and not node.reason.startswith(OURS):
+            return Situation.THEIRS
         return Situation.FREE
     if disowned:
         return Situation.THEIRS
