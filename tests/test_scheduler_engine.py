@@ -194,6 +194,15 @@ def test_a_host_the_scheduler_does_not_know_is_said_once() -> None:
     assert step.actions == [] and "no node ghost" in step.notes[0]
 
 
+def test_reasons_read_as_an_operator_would_write_them() -> None:
+    assert reason_of((Hold(HoldKind.GPU_LOST, 3, "none"),
+                      Hold(HoldKind.CONDITION, -1, "XidCritical"),
+                      Hold(HoldKind.DRAINED, -1, "fan swap"))) == (
+        "hz: gpu 3 lost; condition XidCritical; drained by operator: fan swap")
+    assert reason_of((Hold(HoldKind.VALIDATION_FAILED, -1, "network"),)) == (
+        "hz: validation failed: network")
+
+
 holds = st.lists(st.builds(Hold, st.sampled_from(list(HoldKind)), st.integers(-1, 4096),
                            st.text(max_size=200)), min_size=1, max_size=64)
 

@@ -27,6 +27,8 @@ def clean(text: str) -> str:
 
 def phrase(hold: Hold) -> str:
     detail = clean(hold.detail)[:40]
+    if detail == "none":  # a GPU's recommended action when there is none
+        detail = ""
     gpu = f"gpu {hold.gpu}" if hold.gpu >= 0 else ""
     match hold.kind:
         case HoldKind.RMA:
