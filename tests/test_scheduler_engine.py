@@ -93,10 +93,12 @@ def test_a_hand_edited_reason_is_theirs_and_said_once() -> None:
     # Edited, even keeping our prefix: it is not what we wrote.
     nodes = [_node("n1", "IDLE", "DRAIN", reason="hz: gpu 2 checked by alice"),
              *_spare(3)]
-    first = engine.step(Observations((_host("n1"),), tuple(nodes)), 0.0)
-    second = engine.step(Observations((_host("n1"),), tuple(nodes)), 1.0)
-    assert first.actions == second.actions == []
-    assert [n for n in first.notes if "edited by hand" in n] and not second.notes
+    first = engine.step(Observations((_host("n1", QUARANTINED),), tuple(nodes)), 0.0)
+    second = engine.step(Observations((_host("n1", QUARANTINED),), tuple(nodes)), 1.0)
+    third = engine.step(Observations((_host("n1"),), tuple(nodes)), 2.0)
+    assert first.actions == second.actions == third.actions == []
+    assert [n for n in first.notes if "edited by hand" in n]
+    assert second.notes == []  # said once, not again as someone else's
     assert "n1" in engine.marks.disowned and "n1" not in engine.marks.ours
 
 

@@ -79,6 +79,7 @@ def test_a_hand_edited_reason_makes_the_drain_theirs(
     rig.passes_after(3)
     assert rig.drained() and rig.node()["Reason"].startswith("alice checks gpu 2")
     assert len(rig.log_lines("edited by hand")) == 1
+    assert rig.log_lines("by someone else") == []  # one line, not a second in other words
 
 
 def test_breaker_holds_a_drain_beyond_the_partition_share_until_there_is_room(

@@ -152,6 +152,7 @@ class Engine:
                 if sit is Situation.EDITED:
                     marks.ours.pop(name, None)
                     marks.disowned.add(name)
+                if name in marks.disowned:  # the same line while it stays theirs
                     say(f"leave:{name}", f"node {name}: its drain reason was edited by hand "
                         f"({node.reason!r}): it is not ours any more, left alone")
                 elif want in (Want.HOLD, Want.REBOOT):
