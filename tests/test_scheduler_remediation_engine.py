@@ -73,9 +73,11 @@ def test_failed_resets_escalate_to_a_reboot_hold_then_rma_after_a_reboot() -> No
     with pytest.raises(ValueError, match="RMA"):
         engine.cancel(2, 902.0)
     engine.step([gpu(state="healthy")], 903.0, "b2")  # released elsewhere: RMA stays
+    engine.step([gpu()], 903.5, "b2")
     assert engine.holds()[0].kind is HoldKind.RMA
     engine.clear(2)
-    assert engine.holds() == () and engine.records == {}
+    assert engine.holds() == () and engine.records["GPU-2"].phase is Phase.CANCELLED
+    assert resets(engine.step([gpu()], 904.0, "b2")) == []  # the operator took over
 
 
 def test_a_pass_after_reset_ends_remediation() -> None:

@@ -69,7 +69,9 @@ TRANSITIONS: dict[tuple[Phase | None, Event], Phase | None] = {
     (Phase.AFTER_REBOOT, Event.PASSED): None,
     (Phase.AFTER_REBOOT, Event.HEALTHY): None,
     (Phase.AFTER_REBOOT, Event.FAILED): Phase.RMA,
-    (Phase.RMA, Event.CLEAR): None,
+    # The operator took over: no new resets of this GPU until it is healthy again (a
+    # replacement has another UUID) or the operator resumes.
+    (Phase.RMA, Event.CLEAR): Phase.CANCELLED,
     (Phase.CANCELLED, Event.RESUME): Phase.WAITING,
     (Phase.CANCELLED, Event.HEALTHY): None,
     **{(phase, Event.CANCEL): Phase.CANCELLED
@@ -142,17 +144,17 @@ class RemediationEngine:
                     record = self.records[gpu.uuid]
                 else:
                     continue
-            if gpu.state == "healthy" and (record.phase, Event.HEALTHY) in TRANSITIONS:
+            if record.phase is Phase.REBOOT and boot and record.boot_id \
+                    and boot != record.boot_id:  # before all else: validation decides
+                self._move(gpu.uuid, Event.BOOTED, since=now, detail="validating after reboot")
+                actions.append(Log(gpu.uuid, gpu.index, Step.REBOOTED, "boot id changed"))
+            elif gpu.state == "healthy" and (record.phase, Event.HEALTHY) in TRANSITIONS:
                 self._move(gpu.uuid, Event.HEALTHY)
                 actions.append(Log(gpu.uuid, gpu.index, Step.RELEASED, "healthy again "
                                    "(validated or released by an operator)"))
                 continue
-            if record.phase is Phase.WAITING:
+            elif record.phase is Phase.WAITING:
                 actions += self._maybe_reset(record, gpu, now)
-            elif record.phase is Phase.REBOOT and boot and record.boot_id \
-                    and boot != record.boot_id:
-                self._move(gpu.uuid, Event.BOOTED, since=now, detail="validating after reboot")
-                actions.append(Log(gpu.uuid, gpu.index, Step.REBOOTED, "boot id changed"))
             record = self.records.get(gpu.uuid)
             if record is not None and record.phase in (Phase.REVALIDATING, Phase.AFTER_REBOOT) \
                     and gpu.uuid not in self._asked:
@@ -285,7 +287,7 @@ class RemediationEngine:
         uuid, record = self._by_index(gpu)
         if record is None or record.phase is not Phase.RMA:
             raise ValueError(f"gpu {gpu} is not held for RMA")
-        self._move(uuid, Event.CLEAR)
+        self._move(uuid, Event.CLEAR, detail="RMA cleared by an operator")
         return [Log(uuid, gpu, Step.CLEARED, "operator", "RMA hold cleared")]
 
     # --- what the scheduler hears ----------------------------------------------------

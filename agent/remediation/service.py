@@ -90,6 +90,8 @@ class RemediationService:
             limit=10_000, since=now - 3600.0, step="reset")]
         self.engine = RemediationEngine(settings_of(cfg), records, resets)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._restored_before = False
+        self._settled = False
         validation.listeners.append(self._verdict)
         for record in records:
             if record.phase is Phase.RESETTING:  # the agent stopped during a reset
@@ -110,6 +112,12 @@ class RemediationService:
     # --- each pass ------------------------------------------------------------------
 
     def step(self, views: tuple[GpuView, ...], now: float) -> None:
+        # Not before the views show the quarantines validation restores at start: a GPU
+        # quarantined before a restart would look healthy (released) for a pass.
+        if not self._settled:
+            self._settled = self._restored_before
+            self._restored_before = self.validation.restored
+            return
         self._apply(self.engine.step(seen(views), now, self.boot), now)
 
     def holds(self) -> tuple[Hold, ...]:

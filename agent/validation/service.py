@@ -202,6 +202,12 @@ class ValidationService:
             self.publish(ValidationNotice(job, ranks, round(plan.pause), plan.start_at,
                                           plan.id, plan.start_at, status))
 
+    @property
+    def restored(self) -> bool:
+        """Quarantines recorded before this start are applied again (on the first pass
+        that saw GPUs; the health engine shows them from the pass after)."""
+        return self._restored
+
     def request(self, gpu: int, trigger: str) -> None:
         """Validate a GPU at the suspect level soon (e.g. after remediation reset it);
         ``trigger`` goes into the history."""
