@@ -199,3 +199,14 @@ def test_an_operator_cancel_stops_remediating_the_gpu(spawn, workdir) -> None:
     assert not reset_file(fake).exists()
     assert harmonctl(agent, "remediation", "resume", "--gpu", "2").returncode == 0
     wait(lambda: "released" in steps(agent, 2), what="the reset after resume")
+
+
+def test_a_reload_from_shadow_to_act_starts_resetting(spawn, workdir) -> None:
+    agent, fake = agent_with_gpus(spawn, workdir, mode="shadow")
+    fake.set(2, ecc_dbe_volatile=1)
+    wait(lambda: "would reset" in agent.log.read_text(), what="the shadow line")
+    agent.config.write_text(agent.config.read_text().replace('mode = "shadow"',
+                                                             'mode = "act"'))
+    assert harmonctl(agent, "reload").returncode == 0
+    assert agent.request("remediation")["mode"] == "act"
+    wait(lambda: "released" in steps(agent, 2), what="the reset after the reload")
