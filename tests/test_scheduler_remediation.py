@@ -25,9 +25,9 @@ FAKE_SMI = [sys.executable, "-m", "harmonaize.testbed.fakesmi", "--gpu-reset", "
 
 
 def sections(workdir: Path, *, mode: str = "act", max_resets: int = 2, per_hour: int = 100,
-             interval: float = 0.0) -> str:
+             interval: float = 0.0, reset: list[str] = FAKE_SMI, timeout: float = 30) -> str:
     control = workdir / "control"
-    command = ", ".join(f'"{part}"' for part in FAKE_SMI)
+    command = ", ".join(f'"{part}"' for part in reset)
     return (
         NO_LINKS + gpu_section()
         + "[validation]\ncooldown = 3600\nnotice_lead = 1\n"
@@ -36,7 +36,7 @@ def sections(workdir: Path, *, mode: str = "act", max_resets: int = 2, per_hour:
         'parser = "metrics"\nlevels = [2, 3]\nbudget = 10\n'
         f'[remediation]\nenabled = true\nmode = "{mode}"\nmax_resets = {max_resets}\n'
         f"reset_interval = {interval}\nmax_resets_per_hour = {per_hour}\n"
-        f"reset_command = [{command}]\n"
+        f"reset_command = [{command}]\nreset_timeout = {timeout}\n"
         f'boot_id_file = "{workdir / "boot_id"}"\n'
     )
 
@@ -210,3 +210,23 @@ def test_a_reload_from_shadow_to_act_starts_resetting(spawn, workdir) -> None:
     assert harmonctl(agent, "reload").returncode == 0
     assert agent.request("remediation")["mode"] == "act"
     wait(lambda: "released" in steps(agent, 2), what="the reset after the reload")
+
+
+def test_a_reset_command_that_hangs_or_cannot_run_is_a_failed_reset(spawn, workdir) -> None:
+    hang = f"sleep 600; echo {workdir} {{pci_bus_id}}"  # marked with this test's directory
+    agent, fake = agent_with_gpus(spawn, workdir, max_resets=2, timeout=1, interval=3600,
+                                  reset=["sh", "-c", hang])
+    fake.set(2, ecc_dbe_volatile=1)
+    wait(lambda: "reset-failed" in steps(agent, 2), what="the hung reset killed")
+    failed = next(r for r in agent.request("remediation")["steps"] if r["step"] == "reset-failed")
+    assert "killed after 1 s" in failed["trigger"]
+    # Killed with its process group: nothing of it is left.
+    assert subprocess.run(["pgrep", "-f", f"echo {workdir}"]).returncode == 1
+    agent.config.write_text(agent.config.read_text().replace(
+        f'"sh", "-c", "{hang}"'.replace("{{", "{").replace("}}", "}"),
+        '"/nonexistent/nvidia-smi"').replace("reset_interval = 3600", "reset_interval = 0"))
+    assert harmonctl(agent, "reload").returncode == 0
+    wait(lambda: ("reboot", 2) in holds(agent), what="the second failure escalated")
+    last = next(r for r in agent.request("remediation")["steps"] if r["step"] == "reset-failed")
+    assert "cannot run /nonexistent/nvidia-smi" in last["trigger"]
+    assert agent.proc.poll() is None and agent.request("status")["ready"]
