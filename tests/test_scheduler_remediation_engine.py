@@ -96,6 +96,8 @@ def test_shadow_says_once_what_it_would_do_and_does_nothing() -> None:
     assert [type(a) for a in first] == [Would]
     assert engine.step([gpu()], 1.0, "b1") == []
     assert engine.records["GPU-2"].phase is Phase.WAITING and engine.resets == []
+    assert engine.step([gpu(state="healthy")], 2.0, "b1") == []  # released: no history
+    assert engine.records == {}
 
 
 def test_cancel_stops_and_resume_restarts() -> None:

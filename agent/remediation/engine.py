@@ -150,8 +150,10 @@ class RemediationEngine:
                 actions.append(Log(gpu.uuid, gpu.index, Step.REBOOTED, "boot id changed"))
             elif gpu.state == "healthy" and (record.phase, Event.HEALTHY) in TRANSITIONS:
                 self._move(gpu.uuid, Event.HEALTHY)
-                actions.append(Log(gpu.uuid, gpu.index, Step.RELEASED, "healthy again "
-                                   "(validated or released by an operator)"))
+                if record.phase is not Phase.WAITING or record.last_reset > float("-inf"):
+                    # (a GPU released before anything was done leaves no history)
+                    actions.append(Log(gpu.uuid, gpu.index, Step.RELEASED, "healthy again "
+                                       "(validated or released by an operator)"))
                 continue
             elif record.phase is Phase.WAITING:
                 actions += self._maybe_reset(record, gpu, now)
