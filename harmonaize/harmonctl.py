@@ -64,6 +64,9 @@ def _render_agent_status(result: dict[str, Any]) -> str:
         ("type", "CONDITION"), ("severity", "SEVERITY"), ("reason", "REASON"),
         ("message", "MESSAGE"),
     ]) if holding else "no problem conditions"]
+    holds = result.get("holds", [])
+    parts += ["", table(holds, [("kind", "HOLD"), ("gpu", "GPU"), ("detail", "DETAIL")])
+              if holds else "no holds: the host may take new work"]
     uplink = result.get("uplink")
     if uplink:
         parts += ["", fields([

@@ -131,6 +131,7 @@ def test_failed_resets_are_counted_and_escalate_to_a_reboot_hold(spawn, workdir)
     assert all("exit 255" in r["trigger"] for r in failed)
     assert record(agent, 2)["failures"] == 2 and not reset_file(fake).exists()
     assert "reboot gpu 2" in harmonctl(agent, "remediation").stdout
+    assert "2 failed reset(s)" in harmonctl(agent, "status").stdout
 
 
 def test_rma_after_a_reboot_that_did_not_help_is_cleared_only_by_an_operator(
