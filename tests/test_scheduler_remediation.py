@@ -83,6 +83,10 @@ def harmonctl(agent: Agent, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30)
 
 
+def processes_on(agent: Agent, gpu: int) -> list:
+    return next(g for g in agent.request("gpus")["gpus"] if g["index"] == gpu)["processes"]
+
+
 def reset_file(fake: FakeNvml) -> Path:
     return fake.path.with_name(fake.path.name + ".reset")
 
@@ -111,6 +115,7 @@ def test_an_idle_quarantined_gpu_is_reset_revalidated_and_released(spawn, workdi
 def test_no_reset_while_a_process_uses_the_gpu(spawn, workdir) -> None:
     agent, fake = agent_with_gpus(spawn, workdir)
     fake.set(2, processes={os.getpid(): 1 << 30})
+    wait(lambda: processes_on(agent, 2), what="the process seen on gpu 2")
     fake.set(2, ecc_dbe_volatile=1)
     waiting = wait(lambda: (r := record(agent, 2)) and "in use" in r["detail"] and r,
                    what="remediation waiting for the GPU to be idle")
@@ -187,13 +192,13 @@ def test_shadow_mode_logs_what_it_would_do_and_does_nothing(spawn, workdir) -> N
 def test_an_operator_cancel_stops_remediating_the_gpu(spawn, workdir) -> None:
     agent, fake = agent_with_gpus(spawn, workdir)
     fake.set(2, processes={os.getpid(): 1 << 30})
+    wait(lambda: processes_on(agent, 2), what="the process seen on gpu 2")
     fake.set(2, ecc_dbe_volatile=1)
     wait(lambda: (r := record(agent, 2)) and "in use" in r["detail"], what="waiting")
     answer = harmonctl(agent, "remediation", "cancel", "--gpu", "2")
     assert answer.returncode == 0 and "cancelled" in answer.stdout
     fake.set(2, processes=None)
-    wait(lambda: not next(g for g in agent.request("gpus")["gpus"]
-                          if g["index"] == 2)["processes"], what="the GPU seen idle")
+    wait(lambda: not processes_on(agent, 2), what="the GPU seen idle")
     passes = agent.request("status")["loop"]["passes"]
     wait(lambda: agent.request("status")["loop"]["passes"] > passes + 20, what="more passes")
     assert record(agent, 2)["phase"] == "cancelled" and steps(agent, 2) == ["cancelled"]
