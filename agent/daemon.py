@@ -40,6 +40,8 @@ from agent.observations import Observations
 from agent.observers import ObserverSet
 from agent.rdma import commands as rdma_commands
 from agent.rdma.service import RdmaCcService
+from agent.remediation import commands as remediation_commands
+from agent.remediation.service import RemediationService
 from agent.spool import Spool
 from agent.tuning import commands as tuning_commands
 from agent.tuning.service import TuningService
@@ -103,6 +105,9 @@ class AgentDaemon:
         #: RDMA congestion control; always there, so originals a killed agent left are put
         #: back at start even when [rdma.cc] is now off.
         self.rdma_cc: RdmaCcService | None = None
+        #: Resets of quarantined GPUs and the reboot and RMA holds after them (needs
+        #: validation, which decides after each step).
+        self.remediation: RemediationService | None = None
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
@@ -195,6 +200,13 @@ class AgentDaemon:
                 allowance=self.declarations.pause_allowance,
                 defer_allowance=self.declarations.defer_allowance)
             self.validation.start(loop)
+        if self.cfg.remediation.enabled:
+            if self.validation is None:
+                log.error("remediation is off: it needs validation (validation.enabled)")
+            else:
+                self.remediation = RemediationService(self.cfg.remediation, self.validation,
+                                                      wake=self._wake)
+                log.info("remediation on (%s)", self.cfg.remediation.mode.value)
         if self.cfg.tuning.enabled:
             self.tuning = TuningService(self.cfg.tuning, self.cfg.observers.links,
                                         publish=self._publish)
@@ -261,6 +273,8 @@ class AgentDaemon:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.remediation is not None:
+            self.remediation.stop()  # before validation closes the history it writes
         if self.validation is not None:
             self.validation.stop()  # kills running checks before anything else goes
         if self.energy is not None:
@@ -304,6 +318,8 @@ class AgentDaemon:
                 ("agent.state_dir", self.cfg.agent.state_dir, new.agent.state_dir),
                 ("tuning", self.cfg.tuning, new.tuning),
                 ("energy.enabled", self.cfg.energy.enabled, new.energy.enabled),
+                ("remediation.enabled", self.cfg.remediation.enabled,
+                 new.remediation.enabled),
                 ("rdma", self.cfg.rdma, new.rdma),
                 ("metrics.listen", self.cfg.metrics.listen, new.metrics.listen),
             )
@@ -327,6 +343,9 @@ class AgentDaemon:
                 self.validation.configure(new.observers.gpu.retired_pages_limit)
             if self.tuning is not None:
                 self.tuning.configure(new.observers.links)
+        if self.remediation is not None and new.remediation != self.cfg.remediation:
+            self.remediation.configure(new.remediation)
+            log.info("applied the new [remediation] settings")
         if self.energy is not None and new.energy != self.cfg.energy:
             self.energy.configure(new.energy)
             log.info("applied the new [energy] settings to the running loop")
@@ -417,6 +436,8 @@ class AgentDaemon:
             summary = replace(summary, energy=self.energy.reported(now))
         if self.validation is not None and self.validation.planner.idle_wanted:
             summary = replace(summary, idle_wanted=True)
+        if self.remediation is not None and (extra := self.remediation.holds()):
+            summary = replace(summary, holds=(summary.holds + extra)[:64])
         self.summary = summary
         self.last_step = result
         for event in result.events:
@@ -428,6 +449,8 @@ class AgentDaemon:
             self._publish(advisory)
         if self.validation is not None:
             self.validation.step(result.gpus.gpus, now)
+        if self.remediation is not None:
+            self.remediation.step(result.gpus.gpus, now)
         if self.tuning is not None:
             self.tuning.step(observations, result.links.judged, now)
         if self.energy is not None:
@@ -518,6 +541,7 @@ class AgentDaemon:
             **host_commands.commands(self, lambda: self._step(time.time())),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
             **validation_commands.commands(self),
+            **remediation_commands.commands(self),
             **tuning_commands.commands(self, self._declared),
         }
 
@@ -543,6 +567,7 @@ class AgentDaemon:
             "health": summary.health.value if summary else None,
             "schedulable": summary.schedulable if summary else None,
             "conditions": [to_plain(c) for c in summary.conditions] if summary else [],
+            "holds": [to_plain(h) for h in summary.holds] if summary else [],
             "observers": [r.as_dict() for r in self.observers.records.values()],
             "uplink": self.uplink.status() if self.uplink else None,
             "socket": asdict(self.opsocket.stats),

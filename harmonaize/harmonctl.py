@@ -65,6 +65,9 @@ def _render_agent_status(result: dict[str, Any]) -> str:
         ("type", "CONDITION"), ("severity", "SEVERITY"), ("reason", "REASON"),
         ("message", "MESSAGE"),
     ]) if holding else "no problem conditions"]
+    holds = result.get("holds", [])
+    parts += ["", table(holds, [("kind", "HOLD"), ("gpu", "GPU"), ("detail", "DETAIL")])
+              if holds else "no holds: the host may take new work"]
     uplink = result.get("uplink")
     if uplink:
         parts += ["", fields([
@@ -222,6 +225,30 @@ def _render_validations(result: dict[str, Any]) -> str:
             ("trigger", "TRIGGER"), ("outcome", "OUTCOME"), ("action", "ACTION"),
             ("reason", "REASON"),
         ])]
+    steps = [{**r, "when": time.strftime("%m-%d %H:%M:%S", time.localtime(r["at"]))}
+             for r in result.get("remediation", [])]
+    if steps:
+        parts += ["", "remediation:", table(steps, [
+            ("when", "WHEN"), ("gpu", "GPU"), ("step", "STEP"), ("trigger", "TRIGGER"),
+            ("detail", "DETAIL")])]
+    return "\n".join(parts)
+
+
+def _render_remediation(result: dict[str, Any]) -> str:
+    if not result.get("enabled"):
+        return "remediation is off (remediation.enabled = false)"
+    parts = [fields([("mode", result.get("mode")),
+                     ("holds", ", ".join(f"{h['kind']} gpu {h['gpu']}"
+                                         for h in result.get("holds", [])) or "none")])]
+    if result.get("gpus"):
+        parts += ["", table(result["gpus"], [("gpu", "GPU"), ("phase", "PHASE"),
+                                             ("failures", "FAILED RESETS"),
+                                             ("detail", "WHY")])]
+    rows = [{**r, "when": time.strftime("%m-%d %H:%M:%S", time.localtime(r["at"]))}
+            for r in result.get("steps", [])]
+    if rows:
+        parts += ["", table(rows, [("when", "WHEN"), ("gpu", "GPU"), ("step", "STEP"),
+                                   ("trigger", "TRIGGER"), ("detail", "DETAIL")])]
     return "\n".join(parts)
 
 
@@ -379,6 +406,7 @@ AGENT_RENDERERS: dict[str, Renderer] = {
     "health": _render_health,
     "energy": render_energy,
     "validations": _render_validations,
+    "remediation": _render_remediation,
     "jobs": render_jobs,
     "policy": render_policy,
     "help": _render_help,
@@ -455,6 +483,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="Unix group (name or number) of the job's processes here: only "
                          "its members may read and follow the job's tuner policy")
     sub.add_parser("undrain", parents=[common], help="return this host to capacity")
+    remediation = sub.add_parser("remediation", parents=[common],
+                                 help="GPU remediation: phases, holds, steps; cancel, resume, "
+                                 "clear (RMA)")
+    remediation.add_argument("action", nargs="?", default="status",
+                             choices=("status", "cancel", "resume", "clear"))
+    remediation.add_argument("--gpu", type=int)
+    remediation.add_argument("--limit", type=int, default=20)
     sub.add_parser("reload", parents=[common],
                    help="make the agent (-C: the controller) re-read its configuration")
     sub.add_parser("hosts", parents=[common], help="(controller) every known host")
@@ -521,8 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Commands ``watch`` may repeat: they only read.
-WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "hosts", "capacity",
-             "events", "jobs", "feed", "tenants", "pools", "privacy", "energy", "scheduler")
+WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "remediation",
+             "hosts", "capacity", "events", "jobs", "feed", "tenants", "pools", "privacy",
+             "energy", "scheduler")
 #: Commands answered by harmonctl itself, without a daemon.
 LOCAL = ("keygen", "watch", "completion")
 
@@ -539,6 +575,12 @@ def _args_for(ns: argparse.Namespace) -> dict[str, Any]:
         return {"limit": ns.limit}
     if ns.command == "release":
         return {"gpu": ns.gpu, "force": ns.force}
+    if ns.command == "remediation":
+        if ns.action == "status":
+            return {"limit": ns.limit}
+        if ns.gpu is None:
+            raise SystemExit(f"harmonctl: remediation {ns.action} needs --gpu N")
+        return {"gpu": ns.gpu}
     if ns.command == "declare":
         declaration = _json_file(ns.file)
         if ns.group is not None and isinstance(declaration, dict):
@@ -569,6 +611,8 @@ TOKEN_COMMANDS = {"issue": "token-issue", "list": "tokens", "revoke": "token-rev
 def _command(ns: argparse.Namespace) -> str:
     if ns.command == "scheduler":
         return SCHEDULER_COMMANDS[ns.action]
+    if ns.command == "remediation" and ns.action != "status":
+        return f"remediation-{ns.action}"
     return TOKEN_COMMANDS[ns.action] if ns.command == "token" else ns.command
 
 

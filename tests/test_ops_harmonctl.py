@@ -32,6 +32,7 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("release", "agent", ["--gpu", "1", "--force"]),
     ("validate", "agent", ["--gpu", "0", "--level", "1"]),
     ("validations", "agent", ["--limit", "5"]),
+    ("remediation", "agent", ["--limit", "5"]),
     ("declare", "agent", ["@declaration"]),
     ("jobs", "agent", []),
     ("policy", "agent", ["j1"]),

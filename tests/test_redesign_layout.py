@@ -23,6 +23,7 @@ ENGINES = (
     "agent.tuning.loop", "agent.tuning.policies", "agent.tuning.layout",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
     "agent.rdma.cc", "agent.rdma.ccparams",
+    "agent.remediation.engine", "agent.remediation.types",
     "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
@@ -38,7 +39,7 @@ IO_MODULES = frozenset({
 CLOCKS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"),
           ("time", "time_ns"), ("time", "monotonic_ns"), ("datetime", "now")}
 
-DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation")
+DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation")
 #: The agent's top level besides the domains: the shell and a few shared modules.
 SHARED = {"__init__", "main", "daemon", "config", "observations", "conditions",
           "declarations", "outbox", "uplink", "spool", "selfmetrics"}

@@ -209,7 +209,8 @@ class GpuReader:
             states = [call(f"nvlink{link}", nvml.nvmlDeviceGetNvLinkState, link)
                       for link in range(self.identity.nvlinks)]
             up = sum(1 for s in states if s)
-        processes = call("processes", nvml.nvmlDeviceGetComputeRunningProcesses) or []
+        listed = call("processes", nvml.nvmlDeviceGetComputeRunningProcesses)
+        processes = listed or []
         fresh = GpuTelemetry(
             temperature_c=call("temperature", nvml.nvmlDeviceGetTemperature,
                                nvml.NVML_TEMPERATURE_GPU),
@@ -227,6 +228,7 @@ class GpuReader:
             pcie_width=call("pcie_width", nvml.nvmlDeviceGetCurrPcieLinkWidth),
             nvlinks_up=up,
             processes=tuple(GpuProcess(p.pid, p.usedGpuMemory or 0) for p in processes),
+            processes_read=listed is not None,
         )
         if fresh != self.telemetry:
             self.telemetry = fresh

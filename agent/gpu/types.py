@@ -67,6 +67,9 @@ class GpuTelemetry:
     pcie_width: int | None
     nvlinks_up: int | None
     processes: tuple[GpuProcess, ...] = ()
+    #: False when NVML could not list the processes (``processes`` is then empty but
+    #: says nothing: remediation never resets such a GPU).
+    processes_read: bool = True
 
 
 @dataclass(frozen=True)

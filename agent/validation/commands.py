@@ -31,7 +31,9 @@ def commands(shell: Shell) -> dict[str, Command]:
 
     def validations(args: dict[str, Any]) -> dict[str, Any]:
         running = service(shell)
-        return {**running.status(), "history": running.command_history(args)}
+        # Remediation's steps are kept in the same history (agent/remediation).
+        return {**running.status(), "history": running.command_history(args),
+                "remediation": running.history.remediation_steps(args.get("limit", 50))}
 
     def release(args: dict[str, Any]) -> dict[str, Any]:
         return service(shell).command_release(args, gpu_views(shell.last_step), time.time())

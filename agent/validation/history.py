@@ -3,7 +3,9 @@
 A validation row is written before its first check runs, with the process
 group of any external check while it runs, so an agent that was killed
 mid-validation finds, at its next start, what to kill and what to mark as
-interrupted. Quarantines are kept by GPU UUID and survive restarts and reboots.
+interrupted. Quarantines are kept by GPU UUID and survive restarts and reboots, and so
+is each GPU's remediation (agent/remediation) with every step it took and what
+triggered it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ CREATE TABLE IF NOT EXISTS quarantine (
     reason TEXT NOT NULL,
     action TEXT NOT NULL,
     since REAL NOT NULL,
+    boot_id TEXT NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS remediation (
+    uuid TEXT PRIMARY KEY,
+    gpu INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    failures INTEGER NOT NULL,
+    since REAL NOT NULL,
+    boot_id TEXT NOT NULL,
+    last_reset REAL,
+    detail TEXT NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS remediation_steps (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    uuid TEXT NOT NULL,
+    gpu INTEGER NOT NULL,
+    step TEXT NOT NULL,
+    trigger TEXT NOT NULL,
+    detail TEXT NOT NULL,
     boot_id TEXT NOT NULL
 ) STRICT;
 """
@@ -209,3 +231,41 @@ class History:
     def quarantined(self) -> list[Quarantine]:
         return [Quarantine(*row) for row in self.db.execute(
             "SELECT uuid, gpu, reason, action, since, boot_id FROM quarantine")]
+
+    # --- remediation (agent/remediation) --------------------------------------------
+
+    @_serialized
+    def remediation_save(self, rows: Iterable[tuple[Any, ...]], gone: Iterable[str]) -> None:
+        """Rows: (uuid, gpu, phase, failures, since, boot_id, last_reset, detail)."""
+        with self.db:
+            self.db.executemany("DELETE FROM remediation WHERE uuid = ?",
+                                [(uuid,) for uuid in gone])
+            self.db.executemany("INSERT OR REPLACE INTO remediation VALUES (?,?,?,?,?,?,?,?)",
+                                list(rows))
+
+    @_serialized
+    def remediation_load(self) -> list[tuple[Any, ...]]:
+        return self.db.execute(
+            "SELECT uuid, gpu, phase, failures, since, boot_id, last_reset, detail"
+            " FROM remediation").fetchall()
+
+    @_serialized
+    def remediation_step(self, at: float, uuid: str, gpu: int, *, step: str, trigger: str,
+                         detail: str, boot: str) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO remediation_steps (at, uuid, gpu, step, trigger, detail, boot_id)"
+                " VALUES (?,?,?,?,?,?,?)", (at, uuid, gpu, step, trigger, detail, boot))
+            self.db.execute("DELETE FROM remediation_steps WHERE id <= "
+                            "(SELECT MAX(id) FROM remediation_steps) - ?", (self.keep,))
+
+    @_serialized
+    def remediation_steps(self, limit: int = 50, since: float = float("-inf"),
+                          step: str | None = None) -> list[dict[str, Any]]:
+        """The latest steps, newest first (``since``/``step``: only those)."""
+        rows = self.db.execute(
+            "SELECT id, at, uuid, gpu, step, trigger, detail, boot_id FROM remediation_steps"
+            " WHERE at >= ? AND (? IS NULL OR step = ?) ORDER BY id DESC LIMIT ?",
+            (since, step, step, limit)).fetchall()
+        keys = ("id", "at", "uuid", "gpu", "step", "trigger", "detail", "boot_id")
+        return [dict(zip(keys, row, strict=True)) for row in rows]

@@ -103,6 +103,8 @@ class ValidationService:
         self._urgent = False
         self._server: subprocess.Popen[bytes] | None = None
         self.host_failure: str | None = None
+        #: Called with each verdict once applied (remediation follows its GPUs' verdicts).
+        self.listeners: list[Callable[[Verdict], None]] = []
 
     def configure(self, retired_pages_limit: int) -> None:
         """A reload's new GPU rule: the next checks judge retired pages by it."""
@@ -200,6 +202,18 @@ class ValidationService:
             self.publish(ValidationNotice(job, ranks, round(plan.pause), plan.start_at,
                                           plan.id, plan.start_at, status))
 
+    @property
+    def restored(self) -> bool:
+        """Quarantines recorded before this start are applied again (on the first pass
+        that saw GPUs; the health engine shows them from the pass after)."""
+        return self._restored
+
+    def request(self, gpu: int, trigger: str) -> None:
+        """Validate a GPU at the suspect level soon (e.g. after remediation reset it);
+        ``trigger`` goes into the history."""
+        self.planner.request(f"gpu:{gpu}", self.cfg.suspect_level, trigger)
+        self._urgent = True
+
     def answer(self, decision: ValidationDecision, now: float) -> None:
         """A tenant's answer to a notice, from the controller: start early or later."""
         plan, why = self.planner.answer(
@@ -257,6 +271,8 @@ class ValidationService:
         if event is not None:
             self.emit(event)
         self._report(plan.key, verdict)
+        for listener in self.listeners:
+            listener(verdict)
 
     def _report(self, key: str, verdict: Verdict) -> None:
         """One line for the operator's log; the controller hears no check names or values."""

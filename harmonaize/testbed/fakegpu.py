@@ -27,6 +27,11 @@ slows along the curve documented in native/fake_nvml/power.c (clocks, draw, and 
 throughput `throughput` reads). ``power_settable = 0`` refuses the call with
 NVML_ERROR_NO_PERMISSION, ``power_ignores = 1`` accepts it and changes nothing.
 
+GPU resets: :mod:`harmonaize.testbed.fakesmi` stands in for ``nvidia-smi --gpu-reset`` with
+its preconditions and errors; ``reset_error = N`` (ignored by the library) makes it fail
+with exit N. A reset it does is kept in ``<state>.reset``, from which the library counts
+the GPU's volatile ECC counters again from zero.
+
 Behaviour worth knowing: a new event set delivers every XID in the file that is for a GPU it
 registered (so an XID injected before the agent starts is not lost); ``hang(gpu)`` with ``*``
 also blocks handle lookups for that GPU; a hung call gives up with NVML_ERROR_TIMEOUT after
@@ -60,6 +65,7 @@ GPU_KEYS = frozenset(
         "recovery_action", "ecc_mode", "persistence_mode", "compute_mode", "processes", "lost",
         "hang", "power_min_mw", "power_max_mw", "power_default_mw", "power_static_mw",
         "min_clock_sm_mhz", "compute_share", "power_settable", "power_ignores",
+        "reset_error",
     }
 )  # fmt: skip
 LINK_KEYS = frozenset({"state", "replay", "recovery", "crc_flit", "crc_data", "ecc_data"})

@@ -54,6 +54,13 @@ static char g_settings_path[sizeof(g_path) + 8];
 static uint32_t g_limits[FAKE_MAX_GPUS];
 static int g_settings_fd = -1;
 static struct stat g_settings_stat;
+/* GPU resets done by the testbed's nvidia-smi (harmonaize/testbed/fakesmi.py), from
+ * "<state file>.reset": per GPU, the volatile ECC counts of the state file at its last
+ * reset. A volatile counter counts from the last reset, as a real one does, so what
+ * NVML reports is the state's value less that baseline. Read whenever it changes. */
+static char g_reset_path[sizeof(g_path) + 8];
+static uint64_t g_reset_base[FAKE_MAX_GPUS][2];
+static struct stat g_reset_stat;
 
 /* ---- state file ---- */
 
@@ -119,6 +126,40 @@ static void refresh_settings_locked(void)
     g_settings_stat = sb;
 }
 
+/* Loads the reset baselines when their file changed; a vanished file means no reset. */
+static void refresh_resets_locked(void)
+{
+    struct stat sb;
+    if (stat(g_reset_path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        memset(g_reset_base, 0, sizeof(g_reset_base));
+        memset(&g_reset_stat, 0, sizeof(g_reset_stat));
+        return;
+    }
+    if (same_file(&sb, &g_reset_stat))
+        return;
+    /* O_NONBLOCK and fstat: the path may have been swapped for a FIFO since stat. */
+    int fd = open(g_reset_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return;
+    FILE *in = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? fdopen(fd, "r") : NULL;
+    if (!in) {
+        close(fd);
+        return;
+    }
+    memset(g_reset_base, 0, sizeof(g_reset_base));
+    char line[256];
+    while (fgets(line, sizeof(line), in)) {
+        unsigned gpu;
+        unsigned long long value;
+        char kind[4];
+        if (sscanf(line, " gpu.%u.ecc_%3[sd]be_volatile = %llu", &gpu, kind, &value) == 3 &&
+            gpu < FAKE_MAX_GPUS)
+            g_reset_base[gpu][kind[0] == 'd'] = value;
+    }
+    fclose(in);
+    g_reset_stat = sb;
+}
+
 /* Re-reads the file when its identity changed; a vanished file keeps the last state. */
 static void refresh_locked(void)
 {
@@ -126,6 +167,20 @@ static void refresh_locked(void)
     if (stat(g_path, &sb) == 0 && !same_file(&sb, &g_stat))
         load_locked(g_path);
     refresh_settings_locked();
+    refresh_resets_locked();
+}
+
+/* An ECC count as NVML reports it: a volatile one counts from the GPU's last reset. */
+static unsigned long long ecc_count(const struct fake_gpu *g, unsigned type, unsigned counter)
+{
+    unsigned long long value = g->ecc[type][counter];
+    if (counter != 0 || !g_state)
+        return value;
+    size_t index = (size_t)(g - g_state->gpu);
+    if (index >= FAKE_MAX_GPUS)
+        return value;
+    uint64_t base = g_reset_base[index][type];
+    return value > base ? value - base : 0;
 }
 
 /* ---- time ---- */
@@ -303,10 +358,13 @@ static nvmlReturn_t init(void)
     if (path && path[0] && strlen(path) < sizeof(g_path) && load_locked(path) == 0) {
         snprintf(g_path, sizeof(g_path), "%s", path);
         snprintf(g_settings_path, sizeof(g_settings_path), "%s.power", path);
+        snprintf(g_reset_path, sizeof(g_reset_path), "%s.reset", path);
         if (g_settings_fd >= 0)
             close(g_settings_fd);
         g_settings_fd = -1;
         refresh_settings_locked();
+        memset(&g_reset_stat, 0, sizeof(g_reset_stat));
+        refresh_resets_locked();
         g_refcount++;
         r = NVML_SUCCESS;
     }
@@ -350,6 +408,9 @@ FAKE_API nvmlReturn_t nvmlShutdown(void)
             memset(&g_settings_stat, 0, sizeof(g_settings_stat));
             memset(g_limits, 0, sizeof(g_limits));
             g_settings_path[0] = '\0';
+            g_reset_path[0] = '\0';
+            memset(g_reset_base, 0, sizeof(g_reset_base));
+            memset(&g_reset_stat, 0, sizeof(g_reset_stat));
             memset(g_sets, 0, sizeof(g_sets));
         }
     }
@@ -725,7 +786,7 @@ FAKE_API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned 
         return r;
     if (!count || error_type > 1 || counter_type > 1)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *count = g->ecc[error_type][counter_type];
+    *count = ecc_count(g, error_type, counter_type);
     return leave(NVML_SUCCESS);
 }
 
@@ -741,7 +802,9 @@ FAKE_API nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, unsig
         return r;
     if (!count || error_type > 1 || counter_type > 1 || location >= NVML_MEMORY_LOCATION_COUNT)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *count = location == NVML_MEMORY_LOCATION_DEVICE_MEMORY ? g->ecc[error_type][counter_type] : 0;
+    *count = location == NVML_MEMORY_LOCATION_DEVICE_MEMORY
+                 ? ecc_count(g, error_type, counter_type)
+                 : 0;
     return leave(NVML_SUCCESS);
 }
 
@@ -875,7 +938,7 @@ static void field_value(const struct fake_gpu *g, nvmlFieldValue_t *v, int64_t n
         /* ecc[type][counter]: SBE = corrected (0), DBE = uncorrected (1);
          * volatile counter 0, aggregate 1. */
         int offset = (int)v->fieldId - NVML_FI_DEV_ECC_SBE_VOL_TOTAL;
-        value = g->ecc[offset % 2][offset / 2];
+        value = ecc_count(g, (unsigned)offset % 2, (unsigned)offset / 2);
         type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
         break;
     }

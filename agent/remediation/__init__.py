@@ -1,0 +1,1 @@
+"""Remediation that acts: resets of quarantined GPUs, then reboot and RMA holds."""
