@@ -9,8 +9,13 @@ controller (its placement recorded, then the job's epilog run untimed), "down" a
 a socket path nobody serves (the request is spooled; the spool grows by one each such
 round, as in an outage). A third, "floor", times the same Python starting and doing
 nothing, in the same rounds: what the interpreter and this machine's site hooks cost
-before the hook's first line. Prints p50, p99, max and the spread per case; the last
-line is ``prolog-cost VALUE ms``, the worse p99 of up and down.
+before the hook's first line; here that includes this checkout's editable-install
+finder and whatever .pth files the machine's Python carries, which an installed
+/opt/harmonaize does not have. So a fourth, "bare", runs the hook against the live
+controller as ``python -S`` with the checkout and the venv's packages on PYTHONPATH:
+the hook's own cost on a Python without site hooks. Prints p50, p99, max and the
+spread per case; the last line is ``prolog-cost VALUE ms``, the worse p99 of the
+installed script's up and down.
 """
 
 from __future__ import annotations
@@ -61,14 +66,23 @@ def cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_hook(config: Path, job: int, context: str) -> float:
+ROOT = Path(__file__).resolve().parent.parent
+BARE = [sys.executable, "-S", "-m", "harmonaize.slurm.hook"]
+
+
+def run_hook(config: Path, job: int, context: str, *, bare: bool = False) -> float:
     """Seconds from the hook's start to its exit."""
+    argv, env = [str(HOOK)], job_env(job, context)
+    if bare:
+        packages = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
+        argv, env = BARE, {**env, "PYTHONPATH": f"{ROOT}:{packages}"}
     cpu = cpu_of_children()
     start = time.perf_counter()
-    done = subprocess.run([str(HOOK), "--config", str(config)], env=job_env(job, context),
+    done = subprocess.run([*argv, "--config", str(config)], env=env,
                           cwd="/", capture_output=True, check=False, timeout=30)
     elapsed = time.perf_counter() - start
-    CPU.setdefault(f"{config.parent.name} {context}", []).append(cpu_of_children() - cpu)
+    key = f"{'bare ' if bare else ''}{config.parent.name} {context}"
+    CPU.setdefault(key, []).append(cpu_of_children() - cpu)
     if done.returncode != 0:
         raise RuntimeError(f"the hook exited {done.returncode}: {done.stderr!r}")
     return elapsed
@@ -106,7 +120,7 @@ def main() -> int:
             + TEST_POOLS + Keyring(work / "keys").controller_config())
         up = hook_config(work, "up", admin)
         down = hook_config(work, "down", work / "nobody-serves-this.sock")
-        times: dict[str, list[float]] = {"up": [], "down": []}
+        times: dict[str, list[float]] = {"up": [], "down": [], "bare": []}
         floor: list[float] = []
         with daemon("controller.main", cfg, work / "controller.log", admin):
             for _ in range(3):  # warm the page cache: the first start reads every module
@@ -116,6 +130,8 @@ def main() -> int:
                 run_hook(up, n, "epilog_slurmctld")  # untimed: keeps the controller's jobs few
                 times["down"].append(run_hook(down, n, "prolog_slurmctld"))
                 floor.append(run_floor())
+                times["bare"].append(run_hook(up, 100_000 + n, "prolog_slurmctld", bare=True))
+                run_hook(up, 100_000 + n, "epilog_slurmctld", bare=True)
             placed = len(request(admin, "jobs"))
         spooled = len(list((work / "down" / "spool" / "queue").glob("*.json")))
         if placed != 0 or spooled != args.rounds + 3:
@@ -123,9 +139,11 @@ def main() -> int:
         print(summary("floor (python -c pass)", floor))
         for case in ("up", "down"):
             print(summary(f"controller {case}", times[case]))
+        print(summary("bare (python -S), controller up", times["bare"]))
         p99 = {case: percentile(values, 99) * 1000 for case, values in times.items()}
         for case, key in (("floor", "floor"), ("up", "up prolog_slurmctld"),
-                          ("down", "down prolog_slurmctld")):
+                          ("down", "down prolog_slurmctld"),
+                          ("bare", "bare up prolog_slurmctld")):
             print(f"CPU time {case}: p50={percentile(CPU[key], 50) * 1000:.1f} ms "
                   f"p99={percentile(CPU[key], 99) * 1000:.1f} ms")
         for case in ("up", "down"):

@@ -14,10 +14,24 @@ from pathlib import Path
 import pytest
 import zmq
 
+from controller.core import ControllerCore
+from controller.outputs import AgentPeer, TenantPeer
+from controller.types import Member, Placement
+from harmonaize import messages as m
 from harmonaize.opsocket import CommandError, request
 from tests.conftest import ROOT, Spawn
 from tests.daemons import Controller, FakeAgent, start_controller, wait_until
-from tests.slurmhook import Hook, job_env, make_hook
+from tests.slurmhook import HOOK, Hook, job_env, make_hook
+from tests.test_redesign_controller_core import (
+    HOST,
+    JOB,
+    TENANT,
+    WALL,
+    agent_frame,
+    hello,
+    tenant_frame,
+)
+from tests.test_redesign_controller_core import config as core_config
 
 pytestmark = pytest.mark.scheduler
 
@@ -205,3 +219,44 @@ def test_socket_group_member_not_named_a_scheduler_user_cannot_place(
     assert any("permission denied" in line for line in hook.lines()), hook.lines()
     with pytest.raises(CommandError):
         request(controller.admin, "unplace", {"job": "nope"})
+
+
+def test_identical_placement_changes_nothing_in_the_controllers_core() -> None:
+    # The core itself: said again, a placement publishes, forwards and stores nothing
+    # (no new generation, no second notice or declaration sent to its hosts).
+    core = ControllerCore(core_config(), 0.0)
+    core.receive(AgentPeer(b"c1", HOST), agent_frame(hello()), 0.0)
+    placement = Placement(JOB, TENANT, (Member("node0", HOST),), group="4242")
+    core.place(placement, 0.0, WALL)
+    core.receive(TenantPeer(b"t1", TENANT), tenant_frame(m.JobDeclaration(JOB, revision=1)),
+                 0.1)
+    core.tick(0.2, WALL)
+    assert core.place(placement, 0.3, WALL) == []
+    assert core.tick(0.4, WALL) == []
+    assert core.redactor.placements[JOB].generation == 1
+    moved = Placement(JOB, TENANT, (Member("node0", "gpu-host-18"),), group="4242")
+    assert core.place(moved, 0.5, WALL) != []
+    assert core.redactor.placements[JOB].generation == 2
+
+
+def test_concurrent_prologs_are_each_delivered_once(spawn: Spawn, workdir: Path) -> None:
+    # slurmctld runs prologs of jobs starting together in parallel: one delivers at a
+    # time, the others leave their requests to it, and none is left behind.
+    controller = start_controller(spawn, workdir)
+    hook = hook_for(workdir, controller)
+    argv = [*HOOK, "--config", str(hook.config)]
+    procs = [subprocess.Popen(argv, env={"PYTHONPATH": str(ROOT), **job_env(str(job))},
+                              cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for job in range(100, 112)]
+    try:
+        assert all(proc.wait(timeout=60) == 0 for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
+    placed = jobs(controller)
+    assert sorted(placed) == [str(job) for job in range(100, 112)]
+    assert all(p["generation"] == 1 for p in placed.values())
+    assert hook.queued() == [] and hook.rejected() == []
