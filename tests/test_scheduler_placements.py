@@ -19,6 +19,7 @@ from controller.outputs import AgentPeer, TenantPeer
 from controller.types import Member, Placement
 from harmonaize import messages as m
 from harmonaize.opsocket import CommandError, request
+from harmonaize.slurm.hookconfig import HookConfig
 from tests.conftest import ROOT, Spawn
 from tests.daemons import Controller, FakeAgent, start_controller, wait_until
 from tests.slurmhook import HOOK, Hook, job_env, make_hook
@@ -260,3 +261,19 @@ def test_concurrent_prologs_are_each_delivered_once(spawn: Spawn, workdir: Path)
     assert sorted(placed) == [str(job) for job in range(100, 112)]
     assert all(p["generation"] == 1 for p in placed.values())
     assert hook.queued() == [] and hook.rejected() == []
+
+
+def test_unreadable_tenant_map_is_one_line_and_never_fails_the_job(workdir: Path) -> None:
+    hook = hook_for(workdir)
+    for text, says in (('socket = "relative/path"\n', "must be an absolute path"),
+                       ("[accounts\n", "not TOML")):
+        hook.config.write_text(text)
+        done = hook.run(None, job_env("40"))
+        assert done.returncode == 0 and "Traceback" not in done.stderr
+        # Without its own settings, the line goes to the default log, else to stderr.
+        default = Path(HookConfig().log)
+        logged = done.stderr + (default.read_text() if default.exists() else "")
+        assert says in logged
+    # The timer's replay says so to systemd instead: the operator sees a failed unit.
+    assert hook.run("replay", {}).returncode == 1
+    assert hook.queued() == []
