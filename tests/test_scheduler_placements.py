@@ -277,3 +277,12 @@ def test_unreadable_tenant_map_is_one_line_and_never_fails_the_job(workdir: Path
     # The timer's replay says so to systemd instead: the operator sees a failed unit.
     assert hook.run("replay", {}).returncode == 1
     assert hook.queued() == []
+
+
+def test_replay_as_another_user_than_the_spools_is_refused_in_one_line(workdir: Path) -> None:
+    hook = hook_for(workdir, owner="slurm")
+    assert hook.run("prolog", job_env("41"), user="slurm").returncode == 0
+    done = hook.run("replay", {})  # root's, not SlurmUser's
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "run it as that user" in hook.lines()[-1]
+    assert len(hook.queued()) == 1

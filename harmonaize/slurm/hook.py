@@ -187,6 +187,17 @@ def job_event(kind: str, env: Mapping[str, str], cfg: HookConfig, log: Log) -> N
 
 
 def replay(cfg: HookConfig, log: Log) -> int:
+    try:
+        owner = os.stat(cfg.spool).st_uid
+    except OSError as exc:
+        log(f"replay: {cfg.spool}: {exc.strerror or exc}")
+        return 1
+    if owner != os.geteuid():
+        # Files it would make (refused requests kept aside) would be another user's, and
+        # the prolog, as SlurmUser, could not move them any more.
+        log(f"replay: {cfg.spool} is uid {owner}'s: run it as that user "
+            "(SlurmUser, as the timer does)")
+        return 1
     spool = Spool(cfg.spool)
     result = deliver(cfg, spool, log, limit=1_000_000, budget=max(cfg.budget, 30.0))
     if result.delivered or result.rejected or result.left:

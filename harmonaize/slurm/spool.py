@@ -187,7 +187,8 @@ def _locked(path: str) -> Iterator[int]:
 
 @contextlib.contextmanager
 def _try_locked(path: str) -> Iterator[bool]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+    # Read-only is enough for flock, and opens a lock file another user made.
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
