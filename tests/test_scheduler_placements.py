@@ -103,6 +103,11 @@ def test_account_mapped_to_no_tenant_is_one_line_and_no_placement(spawn: Spawn,
     [line] = hook.lines()
     assert "'chemistry'" in line and "'carol'" in line and "no tenant" in line
     assert jobs(controller) == {} and hook.queued() == []
+    # An account the operator marks as no tenant's ("") is passed over without a line.
+    hook.config.write_text(hook.config.read_text().replace(
+        "[accounts]\n", '[accounts]\n"chemistry" = ""\n'))
+    assert hook.run("prolog", job_env("10", account="chemistry")).returncode == 0
+    assert len(hook.lines()) == 1 and jobs(controller) == {} and hook.queued() == []
 
 
 def test_node_unknown_to_the_controller_is_placed_and_named_in_the_log(

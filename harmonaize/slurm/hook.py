@@ -101,6 +101,8 @@ def placement(env: Mapping[str, str], cfg: HookConfig) -> tuple[dict[str, Any] |
     account = "" if account == "(null)" else account
     user = env.get("SLURM_JOB_USER", "")
     tenant = cfg.tenant_of(account, user)
+    if tenant == "":
+        return None, ""  # the operator's word: not a tenant's job, nothing to say
     if tenant is None:
         return None, (f"account {account or '(none)'!r} and user {user or '(none)'!r} map "
                       "to no tenant in [accounts] or [users]: not placed")
@@ -163,7 +165,8 @@ def job_event(kind: str, env: Mapping[str, str], cfg: HookConfig, log: Log) -> N
     if kind == "prolog":
         request, why = placement(env, cfg)
         if request is None:
-            log(f"prolog job {job}: {why}")
+            if why:
+                log(f"prolog job {job}: {why}")
             return
         spooled = {"cmd": "place", "args": request}
     else:

@@ -95,18 +95,21 @@ def parse(raw: dict[str, Any], where: str = "slurm.toml") -> HookConfig:
                                   f"to {high:g}")
             values[key] = kind(value)
         elif key in ("accounts", "users", "hosts"):
-            values[key] = _mapping(value, f"{where}: [{key}]")
+            # "" in [accounts] or [users]: known, and not a tenant's (placed quietly never).
+            values[key] = _mapping(value, f"{where}: [{key}]", empty=key != "hosts")
         else:
             raise ConfigError(f"{where}: unknown key {key!r}")
     return HookConfig(**values)
 
 
-def _mapping(value: Any, where: str) -> dict[str, str]:
+def _mapping(value: Any, where: str, *, empty: bool) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a table of names")
     if len(value) > 100_000:
         raise ConfigError(f"{where} has more than 100000 entries")
     for key, target in value.items():
+        if empty and target == "":
+            continue
         if not isinstance(target, str) or not IDENT.fullmatch(target):
             raise ConfigError(f"{where}: {key!r} must map to a name of letters, digits and "
                               "._:@+- (at most 128)")
