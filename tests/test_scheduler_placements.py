@@ -14,10 +14,25 @@ from pathlib import Path
 import pytest
 import zmq
 
+from controller.core import ControllerCore
+from controller.outputs import AgentPeer, TenantPeer
+from controller.types import Member, Placement
+from harmonaize import messages as m
 from harmonaize.opsocket import CommandError, request
+from harmonaize.slurm.hookconfig import HookConfig
 from tests.conftest import ROOT, Spawn
 from tests.daemons import Controller, FakeAgent, start_controller, wait_until
-from tests.slurmhook import Hook, job_env, make_hook
+from tests.slurmhook import HOOK, Hook, job_env, make_hook
+from tests.test_redesign_controller_core import (
+    HOST,
+    JOB,
+    TENANT,
+    WALL,
+    agent_frame,
+    hello,
+    tenant_frame,
+)
+from tests.test_redesign_controller_core import config as core_config
 
 pytestmark = pytest.mark.scheduler
 
@@ -88,6 +103,11 @@ def test_account_mapped_to_no_tenant_is_one_line_and_no_placement(spawn: Spawn,
     [line] = hook.lines()
     assert "'chemistry'" in line and "'carol'" in line and "no tenant" in line
     assert jobs(controller) == {} and hook.queued() == []
+    # An account the operator marks as no tenant's ("") is passed over without a line.
+    hook.config.write_text(hook.config.read_text().replace(
+        "[accounts]\n", '[accounts]\n"chemistry" = ""\n'))
+    assert hook.run("prolog", job_env("10", account="chemistry")).returncode == 0
+    assert len(hook.lines()) == 1 and jobs(controller) == {} and hook.queued() == []
 
 
 def test_node_unknown_to_the_controller_is_placed_and_named_in_the_log(
@@ -205,3 +225,69 @@ def test_socket_group_member_not_named_a_scheduler_user_cannot_place(
     assert any("permission denied" in line for line in hook.lines()), hook.lines()
     with pytest.raises(CommandError):
         request(controller.admin, "unplace", {"job": "nope"})
+
+
+def test_identical_placement_changes_nothing_in_the_controllers_core() -> None:
+    # The core itself: said again, a placement publishes, forwards and stores nothing
+    # (no new generation, no second notice or declaration sent to its hosts).
+    core = ControllerCore(core_config(), 0.0)
+    core.receive(AgentPeer(b"c1", HOST), agent_frame(hello()), 0.0)
+    placement = Placement(JOB, TENANT, (Member("node0", HOST),), group="4242")
+    core.place(placement, 0.0, WALL)
+    core.receive(TenantPeer(b"t1", TENANT), tenant_frame(m.JobDeclaration(JOB, revision=1)),
+                 0.1)
+    core.tick(0.2, WALL)
+    assert core.place(placement, 0.3, WALL) == []
+    assert core.tick(0.4, WALL) == []
+    assert core.redactor.placements[JOB].generation == 1
+    moved = Placement(JOB, TENANT, (Member("node0", "gpu-host-18"),), group="4242")
+    assert core.place(moved, 0.5, WALL) != []
+    assert core.redactor.placements[JOB].generation == 2
+
+
+def test_concurrent_prologs_are_each_delivered_once(spawn: Spawn, workdir: Path) -> None:
+    # slurmctld runs prologs of jobs starting together in parallel: one delivers at a
+    # time, the others leave their requests to it, and none is left behind.
+    controller = start_controller(spawn, workdir)
+    hook = hook_for(workdir, controller)
+    argv = [*HOOK, "--config", str(hook.config)]
+    procs = [subprocess.Popen(argv, env={"PYTHONPATH": str(ROOT), **job_env(str(job))},
+                              cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for job in range(100, 112)]
+    try:
+        assert all(proc.wait(timeout=60) == 0 for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
+    placed = jobs(controller)
+    assert sorted(placed) == [str(job) for job in range(100, 112)]
+    assert all(p["generation"] == 1 for p in placed.values())
+    assert hook.queued() == [] and hook.rejected() == []
+
+
+def test_unreadable_tenant_map_is_one_line_and_never_fails_the_job(workdir: Path) -> None:
+    hook = hook_for(workdir)
+    for text, says in (('socket = "relative/path"\n', "must be an absolute path"),
+                       ("[accounts\n", "not TOML")):
+        hook.config.write_text(text)
+        done = hook.run(None, job_env("40"))
+        assert done.returncode == 0 and "Traceback" not in done.stderr
+        # Without its own settings, the line goes to the default log, else to stderr.
+        default = Path(HookConfig().log)
+        logged = done.stderr + (default.read_text() if default.exists() else "")
+        assert says in logged
+    # The timer's replay says so to systemd instead: the operator sees a failed unit.
+    assert hook.run("replay", {}).returncode == 1
+    assert hook.queued() == []
+
+
+def test_replay_as_another_user_than_the_spools_is_refused_in_one_line(workdir: Path) -> None:
+    hook = hook_for(workdir, owner="slurm")
+    assert hook.run("prolog", job_env("41"), user="slurm").returncode == 0
+    done = hook.run("replay", {})  # root's, not SlurmUser's
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "run it as that user" in hook.lines()[-1]
+    assert len(hook.queued()) == 1

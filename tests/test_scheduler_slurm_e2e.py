@@ -7,7 +7,9 @@ reaches the tenant as the job's advisory, and the epilog removes the placement."
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,36 @@ def test_a_job_placed_by_slurm_alone_reaches_agent_controller_and_tenant(
     wait_until(lambda: job not in {j["job"] for j in controller.request("jobs")}, 30,
                "the epilog's unplace")
     assert hook.queued() == [] and hook.rejected() == []
+
+
+def test_jobs_run_while_the_controller_is_down_or_hung_and_their_placements_follow(
+        spawn: Spawn, workdir: Path, make_slurm) -> None:
+    # Real slurmctld running the hook: a controller that is absent, then one that
+    # accepts and never answers, fails or holds no job; what they spooled arrives once
+    # when the controller is back.
+    admin = workdir / "controller.sock"
+    hook = make_hook(workdir, admin, accounts={"physics": "acme"}, owner="slurm")
+    slurm: SlurmCluster = make_slurm(
+        count=1, extra_conf=[f"PrologSlurmctld={hook.wrapper}",
+                             f"EpilogSlurmctld={hook.wrapper}"])
+    down = slurm.sbatch("-A", "physics", script="#!/bin/sh\n/usr/bin/srun /bin/true\n")
+    assert slurm.wait_job_state(down, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED"
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        hung.bind(str(admin))
+        os.chmod(admin, 0o666)
+        hung.listen(64)  # connections wait in the kernel, never answered
+        late = slurm.sbatch("-A", "physics", script="#!/bin/sh\n/usr/bin/srun /bin/true\n")
+        assert slurm.wait_job_state(late, {"COMPLETED", "FAILED", "CANCELLED"}) == \
+            "COMPLETED"
+        wait_until(lambda: len(hook.queued()) == 4, 30, "both jobs' place and unplace")
+    finally:
+        hung.close()
+        admin.unlink()
+    assert sum("did not answer" in line for line in hook.lines()) >= 1
+    assert sum("not running" in line for line in hook.lines()) >= 1
+    controller = start_controller(spawn, workdir, admin_group="slurm",
+                                  extra='scheduler_users = ["slurm"]\n')
+    assert hook.run("replay", {}, user="slurm").returncode == 0
+    assert hook.queued() == [] and hook.rejected() == []
+    assert controller.request("jobs") == []  # each placed, then removed: in order, once

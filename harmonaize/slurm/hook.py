@@ -20,13 +20,12 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import hostlist
 
 from harmonaize.slurm.hookconfig import IDENT, ConfigError, HookConfig, load
-from harmonaize.slurm.spool import Outcome, Round, Sent, Spool
+from harmonaize.slurm.spool import DELIVERED, LATER, REJECTED, Round, Sent, Spool
 
 #: A job's nodes (the controller's placements take 4096 members at most).
 MAX_NODES = 4096
@@ -72,27 +71,27 @@ def ask(path: str, cmd: str, args: dict[str, Any], timeout: float) -> Sent:
                     break
                 reply += chunk
     except TimeoutError:
-        return Sent(Outcome.LATER, f"the controller did not answer within {timeout:g} s")
+        return Sent(LATER, f"the controller did not answer within {timeout:g} s")
     except (FileNotFoundError, ConnectionRefusedError):
-        return Sent(Outcome.LATER, f"the controller is not running ({path})")
+        return Sent(LATER, f"the controller is not running ({path})")
     except PermissionError:
-        return Sent(Outcome.LATER, f"no permission to use {path}: is SlurmUser in "
+        return Sent(LATER, f"no permission to use {path}: is SlurmUser in "
                     "controller.admin_group and controller.scheduler_users?")
     except OSError as exc:
-        return Sent(Outcome.LATER, f"{path}: {exc.strerror or exc}")
+        return Sent(LATER, f"{path}: {exc.strerror or exc}")
     try:
         answer = json.loads(reply)
     except (ValueError, UnicodeDecodeError):
-        return Sent(Outcome.LATER, "the controller closed the connection without a reply")
+        return Sent(LATER, "the controller closed the connection without a reply")
     if not isinstance(answer, dict):
-        return Sent(Outcome.LATER, "the controller's reply is not an object")
+        return Sent(LATER, "the controller's reply is not an object")
     if answer.get("ok"):
         result = answer.get("result")
-        return Sent(Outcome.DELIVERED, json.dumps(result) if result is not None else "")
+        return Sent(DELIVERED, json.dumps(result) if result is not None else "")
     error = str(answer.get("error", "unknown error"))[:300]
     if any(word in error.lower() for word in TRANSIENT):
-        return Sent(Outcome.LATER, f"the controller said: {error}")
-    return Sent(Outcome.REJECTED, error)
+        return Sent(LATER, f"the controller said: {error}")
+    return Sent(REJECTED, error)
 
 
 def placement(env: Mapping[str, str], cfg: HookConfig) -> tuple[dict[str, Any] | None, str]:
@@ -102,6 +101,8 @@ def placement(env: Mapping[str, str], cfg: HookConfig) -> tuple[dict[str, Any] |
     account = "" if account == "(null)" else account
     user = env.get("SLURM_JOB_USER", "")
     tenant = cfg.tenant_of(account, user)
+    if tenant == "":
+        return None, ""  # the operator's word: not a tenant's job, nothing to say
     if tenant is None:
         return None, (f"account {account or '(none)'!r} and user {user or '(none)'!r} map "
                       "to no tenant in [accounts] or [users]: not placed")
@@ -135,7 +136,7 @@ def deliver(cfg: HookConfig, spool: Spool, log: Log, *, limit: int,
     def send(request: dict[str, Any]) -> Sent:
         remaining = max(0.01, min(cfg.timeout, deadline - time.monotonic()))
         sent = ask(cfg.socket, request["cmd"], request["args"], remaining)
-        if sent.outcome is Outcome.DELIVERED and request["cmd"] == "place":
+        if sent.outcome is DELIVERED and request["cmd"] == "place":
             unknown = _unknown_hosts(sent.detail)
             if unknown:
                 log(f"placed job {request['args'].get('job')}: hosts {', '.join(unknown[:8])} are "
@@ -164,7 +165,8 @@ def job_event(kind: str, env: Mapping[str, str], cfg: HookConfig, log: Log) -> N
     if kind == "prolog":
         request, why = placement(env, cfg)
         if request is None:
-            log(f"prolog job {job}: {why}")
+            if why:
+                log(f"prolog job {job}: {why}")
             return
         spooled = {"cmd": "place", "args": request}
     else:
@@ -178,7 +180,7 @@ def job_event(kind: str, env: Mapping[str, str], cfg: HookConfig, log: Log) -> N
         log(f"{kind} job {job}: cannot spool to {cfg.spool} ({exc.strerror or exc}): sending "
             "directly, not kept if the controller cannot take it")
         sent = ask(cfg.socket, spooled["cmd"], spooled["args"], cfg.timeout)
-        if sent.outcome is not Outcome.DELIVERED:
+        if sent.outcome is not DELIVERED:
             log(f"{kind} job {job}: LOST: {sent.detail}")
         return
     result = deliver(cfg, spool, log, limit=cfg.replay_limit, budget=cfg.budget)
@@ -188,6 +190,17 @@ def job_event(kind: str, env: Mapping[str, str], cfg: HookConfig, log: Log) -> N
 
 
 def replay(cfg: HookConfig, log: Log) -> int:
+    try:
+        owner = os.stat(cfg.spool).st_uid
+    except OSError as exc:
+        log(f"replay: {cfg.spool}: {exc.strerror or exc}")
+        return 1
+    if owner != os.geteuid():
+        # Files it would make (refused requests kept aside) would be another user's, and
+        # the prolog, as SlurmUser, could not move them any more.
+        log(f"replay: {cfg.spool} is uid {owner}'s: run it as that user "
+            "(SlurmUser, as the timer does)")
+        return 1
     spool = Spool(cfg.spool)
     result = deliver(cfg, spool, log, limit=1_000_000, budget=max(cfg.budget, 30.0))
     if result.delivered or result.rejected or result.left:
@@ -199,9 +212,9 @@ def replay(cfg: HookConfig, log: Log) -> int:
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
-    config_path: Path | None = None
+    config_path: str | None = None
     if len(args) >= 2 and args[0] == "--config":
-        config_path, args = Path(args[1]), args[2:]
+        config_path, args = args[1], args[2:]
     kind = args[0] if args else CONTEXTS.get(env.get("SLURM_SCRIPT_CONTEXT", ""), "")
     if args and (len(args) > 1 or kind not in ("prolog", "epilog", "replay")):
         sys.stderr.write(USAGE + "\n")

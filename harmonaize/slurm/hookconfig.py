@@ -1,19 +1,18 @@
 """The operator's ``/etc/harmonaize/slurm.toml``: where the controller's socket is, the
 spool and the log, and which Slurm accounts and users are which tenants.
 
-Checked by hand (five keys and three maps) rather than through harmonaize.schema,
-whose import alone would cost every job start more than the rest of the hook.
+Checked by hand (six keys and three maps) rather than through harmonaize.schema, and
+a plain class rather than a dataclass: their imports alone would cost every job start
+more than the rest of the hook.
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-DEFAULT_PATH = Path("/etc/harmonaize/slurm.toml")
+DEFAULT_PATH = "/etc/harmonaize/slurm.toml"
 #: The controller's identifiers (harmonaize.schema.IDENT_PATTERN, 128 at most).
 IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
 
@@ -22,26 +21,29 @@ class ConfigError(ValueError):
     """The configuration file is unreadable or wrong: one line says where."""
 
 
-@dataclass(frozen=True)
 class HookConfig:
     #: The controller's operator socket (controller.admin_socket), or a cluster-mode
     #: replica's on this host: it forwards place and unplace to the leader.
-    socket: str = "/run/harmonaize/controller.sock"
+    socket = "/run/harmonaize/controller.sock"
     #: Requests wait here, in order, until the controller has them.
-    spool: str = "/var/spool/harmonaize/slurm"
+    spool = "/var/spool/harmonaize/slurm"
     #: One line per event (Slurm drops a PrologSlurmctld's output).
-    log: str = "/var/log/harmonaize/slurm.log"
+    log = "/var/log/harmonaize/slurm.log"
     #: Seconds one delivery may take (connect, send, reply) before it is left spooled.
-    timeout: float = 0.25
+    timeout = 0.25
     #: Seconds a prolog or epilog spends delivering in all (its own and older requests).
-    budget: float = 0.5
+    budget = 0.5
     #: Spooled requests a prolog or epilog delivers at most (the timer's replay: all).
-    replay_limit: int = 32
-    #: Slurm account -> tenant, tried first; then Slurm user -> tenant.
-    accounts: dict[str, str] = field(default_factory=dict)
-    users: dict[str, str] = field(default_factory=dict)
-    #: Slurm node name -> the host id its agent reports (identity where absent).
-    hosts: dict[str, str] = field(default_factory=dict)
+    replay_limit = 32
+
+    def __init__(self, **values: Any) -> None:
+        for key, value in values.items():
+            setattr(self, key, value)
+        #: Slurm account -> tenant, tried first; then Slurm user -> tenant.
+        self.accounts: dict[str, str] = values.get("accounts", {})
+        self.users: dict[str, str] = values.get("users", {})
+        #: Slurm node name -> the host id its agent reports (identity where absent).
+        self.hosts: dict[str, str] = values.get("hosts", {})
 
     def tenant_of(self, account: str | None, user: str | None) -> str | None:
         if account and account in self.accounts:
@@ -61,11 +63,12 @@ SCALARS: dict[str, tuple[type, float, float]] = {
 }
 
 
-def load(path: Path | None = None) -> HookConfig:
+def load(path: str | None = None) -> HookConfig:
     """The file's settings over the defaults; a missing default file is the defaults."""
     target = path or DEFAULT_PATH
     try:
-        raw = tomllib.loads(target.read_text())
+        with open(target, "rb") as f:
+            raw = tomllib.load(f)
     except FileNotFoundError:
         if path is None:
             return HookConfig()
@@ -92,18 +95,21 @@ def parse(raw: dict[str, Any], where: str = "slurm.toml") -> HookConfig:
                                   f"to {high:g}")
             values[key] = kind(value)
         elif key in ("accounts", "users", "hosts"):
-            values[key] = _mapping(value, f"{where}: [{key}]")
+            # "" in [accounts] or [users]: known, and not a tenant's (placed quietly never).
+            values[key] = _mapping(value, f"{where}: [{key}]", empty=key != "hosts")
         else:
             raise ConfigError(f"{where}: unknown key {key!r}")
     return HookConfig(**values)
 
 
-def _mapping(value: Any, where: str) -> dict[str, str]:
+def _mapping(value: Any, where: str, *, empty: bool) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be a table of names")
     if len(value) > 100_000:
         raise ConfigError(f"{where} has more than 100000 entries")
     for key, target in value.items():
+        if empty and target == "":
+            continue
         if not isinstance(target, str) or not IDENT.fullmatch(target):
             raise ConfigError(f"{where}: {key!r} must map to a name of letters, digits and "
                               "._:@+- (at most 128)")

@@ -22,52 +22,53 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
 #: A spooled request is read whole; nothing the hook writes comes near this.
 MAX_REQUEST = 1024 * 1024
 
 
-class Outcome(Enum):
-    DELIVERED = "delivered"  # the controller has it (or had it already)
-    REJECTED = "rejected"    # the controller refuses it for good: kept aside
-    LATER = "later"          # the controller is down, hung or busy: try again later
+# Plain classes and strings, not dataclasses and enums: their imports cost a job start.
+DELIVERED = "delivered"  # the controller has it (or had it already)
+REJECTED = "rejected"    # the controller refuses it for good: kept aside
+LATER = "later"          # the controller is down, hung or busy: try again later
 
 
-@dataclass
 class Sent:
-    outcome: Outcome
-    detail: str = ""
+    """What became of one request: an outcome above, and the reply or the reason."""
+
+    def __init__(self, outcome: str, detail: str = "") -> None:
+        self.outcome = outcome
+        self.detail = detail
 
 
-@dataclass
 class Round:
-    delivered: int = 0
-    rejected: int = 0
-    left: int = 0
-    #: Why delivery stopped early (the controller's state), "" when the queue emptied.
-    stopped: str = ""
-    #: Another invocation held the delivery lock (it delivers what is queued).
-    busy: bool = False
+    """One invocation's delivery."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.rejected = 0
+        self.left = 0
+        #: Why delivery stopped early (the controller's state), "" when the queue emptied.
+        self.stopped = ""
+        #: Another invocation held the delivery lock (it delivers what is queued).
+        self.busy = False
 
 
 class Spool:
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.queue = self.root / "queue"
-        self.rejected = self.root / "rejected"
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.queue = os.path.join(root, "queue")
+        self.rejected = os.path.join(root, "rejected")
 
-    def put(self, request: dict[str, Any]) -> Path:
+    def put(self, request: dict[str, Any]) -> str:
         """Write ``request`` at the end of the queue, durably; its file."""
-        self.queue.mkdir(parents=True, exist_ok=True, mode=0o750)
+        os.makedirs(self.queue, mode=0o750, exist_ok=True)
         data = json.dumps({**request, "spooled": time.time()}, separators=(",", ":"))
-        with _locked(self.root / ".seq") as counter:
+        with _locked(os.path.join(self.root, ".seq")) as counter:
             raw = os.pread(counter, 32, 0).strip()
             seq = int(raw) + 1 if raw.isdigit() else 1
-            temp = self.queue / f".{os.getpid()}.tmp"
+            temp = os.path.join(self.queue, f".{os.getpid()}.tmp")
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
             try:
                 os.write(fd, data.encode())
@@ -76,7 +77,7 @@ class Spool:
                 os.close(fd)
             try:
                 while True:  # link, unlike rename, never replaces a request already there
-                    name = self.queue / f"{seq:016d}.json"
+                    name = os.path.join(self.queue, f"{seq:016d}.json")
                     try:
                         os.link(temp, name)
                         break
@@ -88,7 +89,7 @@ class Spool:
             os.pwrite(counter, str(seq).encode(), 0)
         return name
 
-    def pending(self, limit: int | None = None) -> list[Path]:
+    def pending(self, limit: int | None = None) -> list[str]:
         """Queued requests, oldest first (``limit`` of them at most)."""
         try:
             entries = [e.name for e in os.scandir(self.queue)
@@ -96,7 +97,7 @@ class Spool:
         except FileNotFoundError:
             return []
         names = sorted(entries) if limit is None else heapq.nsmallest(limit, entries)
-        return [self.queue / n for n in names]
+        return [os.path.join(self.queue, n) for n in names]
 
     def deliver(self, send: Callable[[dict[str, Any]], Sent], *, limit: int,
                 deadline: float, note: Callable[[str], None]) -> Round:
@@ -104,7 +105,7 @@ class Spool:
         ``deadline`` (monotonic) passed, or the controller could not take one."""
         result = Round()
         while True:
-            with _try_locked(self.root / ".deliver") as held:
+            with _try_locked(os.path.join(self.root, ".deliver")) as held:
                 if not held:
                     result.busy = True
                     break
@@ -135,26 +136,27 @@ class Spool:
                     result.rejected += 1
                     continue
                 sent = send(request)
-                if sent.outcome is Outcome.DELIVERED:
+                if sent.outcome is DELIVERED:
                     with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+                        os.unlink(path)
                     result.delivered += 1
-                elif sent.outcome is Outcome.REJECTED:
+                elif sent.outcome is REJECTED:
                     self._reject(path, sent.detail, note)
                     result.rejected += 1
                 else:
                     result.stopped = sent.detail
                     return
 
-    def _reject(self, path: Path, why: str, note: Callable[[str], None]) -> None:
-        self.rejected.mkdir(parents=True, exist_ok=True, mode=0o750)
-        target = self.rejected / f"{time.time_ns()}-{path.name}"
+    def _reject(self, path: str, why: str, note: Callable[[str], None]) -> None:
+        os.makedirs(self.rejected, mode=0o750, exist_ok=True)
+        name = os.path.basename(path)
+        target = os.path.join(self.rejected, f"{time.time_ns()}-{name}")
         with contextlib.suppress(FileNotFoundError):
             os.rename(path, target)
-        note(f"request {path.name} refused by the controller, kept as {target}: {why}")
+        note(f"request {name} refused by the controller, kept as {target}: {why}")
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: str) -> dict[str, Any] | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -174,7 +176,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[int]:
+def _locked(path: str) -> Iterator[int]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -184,8 +186,9 @@ def _locked(path: Path) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def _try_locked(path: Path) -> Iterator[bool]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+def _try_locked(path: str) -> Iterator[bool]:
+    # Read-only is enough for flock, and opens a lock file another user made.
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
