@@ -60,6 +60,8 @@ def test_failed_resets_escalate_to_a_reboot_hold_then_rma_after_a_reboot() -> No
     engine.reset_done("GPU-2", True, "ok", 1.0, "b1")
     asked = engine.step([gpu()], 2.0, "b1")
     assert asked == [Validate(2, "after-reset")]
+    # Out of quarantine, not yet proven: the scheduler must not hand it work meanwhile.
+    assert engine.holds() == (Hold(HoldKind.GPU_QUARANTINED, 2, "validating after reset"),)
     engine.verdict("GPU-2", False, "burn: slow", 3.0, "b1")
     assert engine.records["GPU-2"].phase is Phase.WAITING
     engine.step([gpu()], 700.0, "b1")
@@ -68,6 +70,7 @@ def test_failed_resets_escalate_to_a_reboot_hold_then_rma_after_a_reboot() -> No
     assert engine.holds() == (Hold(HoldKind.REBOOT, 2, "2 failed reset(s)"),)
     assert engine.step([gpu()], 800.0, "b1") == []  # the same boot: still waiting
     assert Validate(2, "after-reboot") in engine.step([gpu()], 900.0, "b2")
+    assert engine.holds() == (Hold(HoldKind.GPU_QUARANTINED, 2, "validating after reboot"),)
     engine.verdict("GPU-2", False, "burn: slow", 901.0, "b2")
     assert engine.holds() == (Hold(HoldKind.RMA, 2, "reset and reboot did not help"),)
     with pytest.raises(ValueError, match="RMA"):

@@ -33,6 +33,9 @@ from agent.remediation.types import (
 from harmonaize.messages import Hold, HoldKind
 
 HOUR = 3600.0
+#: Phases in which a GPU left quarantine for a validation that has not yet spoken.
+_UNPROVEN = {Phase.REVALIDATING: "validating after reset",
+             Phase.AFTER_REBOOT: "validating after reboot"}
 
 
 class Event(StrEnum):
@@ -302,4 +305,8 @@ class RemediationEngine:
                                   f"{record.failures} failed reset(s)"))
             elif record.phase is Phase.RMA:
                 holds.append(Hold(HoldKind.RMA, record.gpu, "reset and reboot did not help"))
+            elif record.phase in _UNPROVEN:
+                # Out of quarantine but not yet proven: no new work lands on it meanwhile
+                # (the scheduler would otherwise resume the node while it is validated).
+                holds.append(Hold(HoldKind.GPU_QUARANTINED, record.gpu, _UNPROVEN[record.phase]))
         return tuple(holds)

@@ -2,8 +2,10 @@
 
 A controller, two GPU hosts and a tenant, each in its own network namespace on
 one bridge. The tenant watches its feed while hosts join, an operator looks at
-a host, one host's agent stops and comes back. Everything is torn down at the
-end, also on Ctrl-C or an error.
+a host, one host's agent stops and comes back. Then a Slurm act
+(:mod:`harmonaize.testbed.demoslurm`): a job placed by Slurm alone, its GPU failing,
+the node drained in Slurm, the reset, the validation, the resume. Everything is torn
+down at the end, also on Ctrl-C or an error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harmonaize.testbed import demoslurm
 from harmonaize.testbed.cluster import TenantWatcher, TestCluster, Timeout, wait_until
+from harmonaize.testbed.narrate import capacity_is, indent, say, show_tenant
 from harmonaize.testbed.netns import Lab
 from harmonaize.testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
 
@@ -32,41 +36,6 @@ LINKS = ('[observers.links]\ninclude = ["eth0"]\n'
 TUNING = "hold = 2.0\n"
 JOB = "train-7"
 GROUP = 61700  # the job's Unix group on its hosts; its ranks run as uids 61701, 61702
-
-
-def say(text: str) -> None:
-    print(f"\n== {text}", flush=True)
-
-
-def show_tenant(message: dict[str, Any]) -> None:
-    body = message["body"]
-    if message["kind"] == "pool-capacity":
-        def b(v: dict[str, Any]) -> str:
-            return f"{v['lo']}+" if v["hi"] is None else (
-                str(v["lo"]) if v["lo"] == v["hi"] else f"{v['lo']}-{v['hi']}"
-            )
-        text = (f"capacity {body['pool']}/{body['gpu_class']}: hosts up {b(body['hosts_up'])}, "
-                f"down {b(body['hosts_down'])}, GPUs {b(body['gpus_available'])}, "
-                f"trend {body['trend']} (rev {body['revision']})")
-    else:
-        text = f"{message['kind']} {body}"
-    print(f"   tenant | {message['topic']} #{message['seq']}: {text}", flush=True)
-
-
-def capacity_is(up: int, down: int) -> Any:
-    def check(message: dict[str, Any]) -> bool:
-        if message.get("kind") != "pool-capacity":
-            return False
-        body = message["body"]
-        return body["hosts_up"]["lo"] <= up <= (body["hosts_up"]["hi"] or up) and (
-            body["hosts_down"]["lo"] <= down <= (body["hosts_down"]["hi"] or down)
-        )
-
-    return check
-
-
-def indent(text: str) -> str:
-    return "\n".join(f"   {line}" for line in text.rstrip().splitlines())
 
 
 def scenario(cluster: TestCluster) -> None:
@@ -244,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         with Lab(HOSTS, tag="demo") as lab:
             scenario(TestCluster(lab, workdir))
             say("tearing down: stopping every process, deleting the namespaces")
+        demoslurm.act(workdir)
+        say("tearing down: stopping every process and Slurm's daemons")
         ok = True
     except KeyboardInterrupt:
         print("\ninterrupted: everything has been torn down", file=sys.stderr)

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from harmonaize.testbed.cluster import Timeout, wait_until
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SLURM_USER = "slurm"
 MUNGE_USER = "munge"
@@ -243,14 +245,10 @@ class SlurmCluster:
         return self.wait(reached, timeout, f"job {job_id} in {sorted(wanted)}")
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise SlurmError(f"timed out waiting for {what}; {self._dead()}")
-            time.sleep(0.1)
+        try:
+            return wait_until(predicate, timeout, what, interval=0.1)
+        except Timeout:
+            raise SlurmError(f"timed out waiting for {what}; {self._dead()}") from None
 
     # -- internals -------------------------------------------------------------------
 
