@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.gpu.jobs import JobResolver
+from agent.gpu.types import JobRef
 from harmonaize.messages import JobAdvisory
 from tests.conftest import needs_root
 from tests.daemons import (
@@ -166,3 +168,27 @@ def test_item12_without_cgroups_the_environment_counts_only_with_the_jobs_group(
                what="the genuine rank counted for job-b")
     assert jobs_on(agent, 2) == []  # still refused: it does not hold the group
     assert refused(agent) == 2  # each process counted once, however many looks
+
+
+def test_item12_a_jobs_group_made_on_the_host_after_its_placement_counts_then(
+        tmp_path: Path) -> None:
+    """A group looked up before it exists (a prolog or a directory service makes it a
+    moment later) is found at a later look: a failed lookup is not remembered."""
+    name = f"hzjob{uuid.uuid4().hex[:8]}"
+    process = tmp_path / "4242"
+    process.mkdir()
+    (process / "environ").write_bytes(b"HARMONAIZE_JOB=job-c\0RANK=3\0")
+    (process / "cgroup").write_text("0::/\n")
+    resolver = JobResolver(tmp_path, group_of=lambda job: name if job == "job-c" else None)
+    try:
+        (process / "status").write_text("Uid:\t65534\t65534\t65534\t65534\n"
+                                        "Gid:\t65534\t65534\t65534\t65534\nGroups:\t\n")
+        assert resolver.resolve(4242) is None  # no such group yet
+        subprocess.run(["groupadd", name], check=True, capture_output=True)
+        gid = grp.getgrnam(name).gr_gid
+        (process / "status").write_text("Uid:\t65534\t65534\t65534\t65534\n"
+                                        f"Gid:\t65534\t65534\t65534\t65534\nGroups:\t{gid}\n")
+        resolver.forget_except(set())  # the process's facts are read afresh
+        assert resolver.resolve(4242) == JobRef("job-c", "3")
+    finally:
+        subprocess.run(["groupdel", name], check=False, capture_output=True)

@@ -118,7 +118,7 @@ class JobResolver:
         self.refused = 0
         self._refused: set[int] = set()
         self._cache: dict[int, ProcessFacts] = {}
-        self._gids: dict[str, int | None] = {}
+        self._gids: dict[str, int] = {}
 
     def resolve(self, pid: int) -> JobRef | None:
         facts = self._cache.get(pid)
@@ -164,13 +164,19 @@ class JobResolver:
                     pid, claim, self.job_env, why)
 
     def _gid(self, group: str) -> int | None:
-        if group not in self._gids:
-            if len(self._gids) > MAX_CACHED:
-                self._gids.clear()
-            try:
-                self._gids[group] = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-            except KeyError:
-                self._gids[group] = None
+        if group.isdigit():
+            return int(group)
+        if group in self._gids:
+            return self._gids[group]
+        if len(self._gids) > MAX_CACHED:
+            self._gids.clear()
+        try:
+            self._gids[group] = grp.getgrnam(group).gr_gid
+        except KeyError:
+            # Not cached: a job's group may be made on the host after its placement
+            # arrives (a prolog, a directory service catching up), and must count then.
+            # The names come from the provider's placements, so the lookups are few.
+            return None
         return self._gids[group]
 
     def _read(self, pid: int) -> ProcessFacts:
