@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import SLURM_JOB_CGROUP
-from agent.gpu.jobs import job_from_cgroup
+from agent.gpu.jobs import JobResolver
+from agent.gpu.types import JobRef
 from harmonaize.testbed import cgroups
 from harmonaize.testbed import slurm as testbed
 from harmonaize.testbed.slurm import SlurmCluster
@@ -108,17 +109,13 @@ def test_cgroup_v2_conf_lets_slurm_make_its_own_scopes_without_systemd() -> None
     assert hybrid.slurmd_env() == {"LD_PRELOAD": str(cgroups.UNIFIED_VIEW)}
 
 
-def _job_tasks(cluster: SlurmCluster, job_id: str, count: int) -> dict[int, str]:
-    """pid -> the cgroup file of each running task of the job, read from outside as
-    the agent reads it."""
-    def written() -> dict[int, str] | None:
-        pids = [cluster.dir / f"task-{job_id}-{rank}.pid" for rank in range(count)]
-        if not all(path.exists() and path.read_text().strip() for path in pids):
+def _job_tasks(cluster: SlurmCluster, job_id: str, count: int) -> dict[str, int]:
+    """SLURM_PROCID -> pid of each running task of the job, as the tasks wrote them."""
+    def written() -> dict[str, int] | None:
+        pids = {str(rank): cluster.dir / f"task-{job_id}-{rank}.pid" for rank in range(count)}
+        if not all(path.exists() and path.read_text().strip() for path in pids.values()):
             return None
-        found = {int(path.read_text()): "" for path in pids}
-        for pid in found:
-            found[pid] = Path(f"/proc/{pid}/cgroup").read_text()
-        return found
+        return {rank: int(path.read_text()) for rank, path in pids.items()}
     return cluster.wait(written, 60.0, f"job {job_id}'s tasks")
 
 
@@ -136,10 +133,11 @@ def _run_job_and_stop(cluster: SlurmCluster) -> None:
         f"srun sh -c 'echo $$ > {cluster.dir}/task-$SLURM_JOB_ID-$SLURM_PROCID.pid;"
         " exec sleep 600'\n"))
     tasks = _job_tasks(cluster, job_id, 2)
-    pattern = re.compile(SLURM_JOB_CGROUP)
-    for pid, text in tasks.items():
-        # The agent's default pattern finds the job in the task's cgroup.
-        assert job_from_cgroup(text, pattern) == job_id, text
+    # The agent's resolver, with its default pattern, on the tasks' /proc.
+    resolver = JobResolver(cgroup_pattern=SLURM_JOB_CGROUP)
+    for rank, pid in tasks.items():
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+        assert resolver.resolve(pid) == JobRef(job_id, rank), text
         assert re.search(rf"/job_{job_id}/step_0(/|$)", text, re.MULTILINE), text
         if cluster.cgroups.version == "v2":
             unified = next(line for line in text.splitlines() if line.startswith("0::"))
@@ -158,7 +156,7 @@ def _run_job_and_stop(cluster: SlurmCluster) -> None:
     daemons = [proc.pid for proc in cluster._procs.values()]
     directory = cluster.dir
     cluster.stop()
-    assert not [pid for pid in [*daemons, *tasks] if _alive(pid)]
+    assert not [pid for pid in [*daemons, *tasks.values()] if _alive(pid)]
     assert not directory.exists()
     assert not [tree for node in cluster.nodes for tree in cluster.cgroups.node_trees(node)
                 if tree.exists()]
