@@ -4,13 +4,22 @@ Real ``munged``, ``slurmctld`` and one ``slurmd`` per node name (Slurm's multipl
 mode: every node is this host, each on its own port), Debian's ``slurm-wlm`` and
 ``munge``, with a generated ``slurm.conf`` in a temporary directory. Everything it
 started is stopped on :meth:`SlurmCluster.stop`, also when starting failed half way:
-the daemons, the job steps they left (found through the freezer cgroups Slurm made for
-our node names, since ``slurmstepd`` detaches from ``slurmd``), those cgroups, the
-directory. Needs root (``slurmd`` runs jobs as their users).
+the daemons, the job steps they left (found through the cgroups Slurm made for our node
+names, since ``slurmstepd`` detaches from ``slurmd``), those cgroups, the directory.
+Needs root (``slurmd`` runs jobs as their users).
+
+Jobs run under Slurm's cgroup/v1 plugin where the host has a v1 freezer hierarchy, else
+under cgroup/v2 where cgroup2 is mounted at /sys/fs/cgroup (a fresh systemd host);
+``cgroup="v1"``/``"v2"`` or ``HARMONAIZE_SLURM_CGROUP`` chooses. The layouts, what
+Slurm makes in each, and how a hybrid host runs v2 are in :mod:`.cgroups`.
 
 Node names are the caller's; by default they carry a random prefix, because Slurm
-names its cgroups after the node (``/slurm_<node>/...``) and two clusters on one
-machine with the same node names would share them.
+names its cgroups after the node (``/slurm_<node>/...`` in v1,
+``system.slice/<node>_slurmstepd.scope`` in v2) and two clusters on one machine with
+the same node names would share them.
+
+Over 400 lines because the cluster's start, clients and teardown share one object's
+state (ports, processes, directory); the cgroup layouts are apart, in :mod:`.cgroups`.
 """
 
 from __future__ import annotations
@@ -30,9 +39,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from harmonaize.testbed.cgroups import (
+    CGROUP_ROOT,  # noqa: F401 (callers read it here)
+    CgroupLayout,
+    host_layout,
+)
 from harmonaize.testbed.cluster import Timeout, wait_until
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 SLURM_USER = "slurm"
 MUNGE_USER = "munge"
 
@@ -41,8 +54,9 @@ class SlurmError(RuntimeError):
     """The cluster could not start, or a client command failed."""
 
 
-def missing() -> str | None:
-    """Why a cluster cannot be started here, or None when it can."""
+def missing(cgroup: str | None = None) -> str | None:
+    """Why a cluster cannot be started here (in the ``cgroup`` layout: ``v1``, ``v2``,
+    None for $HARMONAIZE_SLURM_CGROUP or the host's own), or None when it can."""
     if os.geteuid() != 0:
         return "needs root"
     for program in ("munged", "slurmctld", "slurmd", "scontrol", "srun", "sbatch"):
@@ -53,9 +67,8 @@ def missing() -> str | None:
             pwd.getpwnam(user)
         except KeyError:
             return f"no user {user!r}: install slurm-wlm and munge"
-    if not (CGROUP_ROOT / "freezer").is_dir():
-        return "no cgroup v1 freezer hierarchy (the testbed's proctrack/cgroup needs it)"
-    return None
+    layout = host_layout(cgroup)
+    return layout if isinstance(layout, str) else None
 
 
 def _program(name: str) -> str:
@@ -91,13 +104,19 @@ class SlurmCluster:
 
     ``extra_conf`` lines are appended to ``slurm.conf`` (``PrologSlurmctld=...``,
     ``EpilogSlurmctld=...``, ``RebootProgram=...``, more ``PartitionName=...``). Clients
-    run with :attr:`env` (it names the configuration in ``SLURM_CONF``).
+    run with :attr:`env` (it names the configuration in ``SLURM_CONF``). ``cgroup``
+    (``v1``, ``v2``) overrides the layout :func:`missing` would pick.
     """
 
     def __init__(self, nodes: Sequence[str] | None = None, *, count: int = 2,
                  cpus: int = 2, partition: str = "gpu",
                  extra_conf: Sequence[str] = (), node_extra: str = "",
-                 base: Path | None = None) -> None:
+                 base: Path | None = None, cgroup: str | None = None) -> None:
+        layout = host_layout(cgroup)
+        if isinstance(layout, str):
+            raise SlurmError(f"no cgroup layout for Slurm: {layout}")
+        self.cgroups: CgroupLayout = layout
+        self._made_slice = False
         if nodes is None:
             prefix = "hz" + secrets.token_hex(2)
             nodes = [f"{prefix}n{index + 1}" for index in range(count)]
@@ -151,7 +170,8 @@ class SlurmCluster:
         self._write_conf()
         self._start_controller()
         for node in self.nodes:
-            self._spawn(node, [_program("slurmd"), "-D", "-f", str(self.conf), "-N", node])
+            self._spawn(node, [_program("slurmd"), "-D", "-f", str(self.conf), "-N", node],
+                        extra_env=self.cgroups.slurmd_env())
         self.wait_node_state(self.nodes, {"idle"}, timeout=60.0)
 
     def restart_controller(self) -> None:
@@ -252,12 +272,14 @@ class SlurmCluster:
 
     # -- internals -------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], **kwargs: Any) -> None:
+    def _spawn(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None,
+               **kwargs: Any) -> None:
         out = (self.dir / "log" / f"{name}.out").open("wb")
         try:
             self._procs[name] = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "SLURM_CONF": str(self.conf)}, **kwargs)
+                env={**os.environ, "SLURM_CONF": str(self.conf), **(extra_env or {})},
+                **kwargs)
         finally:
             out.close()
 
@@ -331,8 +353,12 @@ class SlurmCluster:
                      "Default=YES State=UP MaxTime=INFINITE")
         lines.extend(self.extra_conf)
         self.conf.write_text("\n".join(lines) + "\n")
-        (self.dir / "cgroup.conf").write_text(
-            f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={CGROUP_ROOT}\n")
+        (self.dir / "cgroup.conf").write_text(self.cgroups.conf())
+        if self.cgroups.version == "v2" and not self.cgroups.slice.is_dir():
+            # Slurm 22.05 makes only its scope below the slice systemd would have made.
+            with contextlib.suppress(FileExistsError):
+                self.cgroups.slice.mkdir()
+                self._made_slice = True
 
     def _start_controller(self) -> None:
         # -i: ignore state left by an earlier run of this directory's controller.
@@ -365,17 +391,17 @@ class SlurmCluster:
             proc.wait()
 
     def _our_cgroups(self) -> Iterator[Path]:
-        """Slurm's cgroup directories for our node names, in every v1 controller."""
-        for controller in CGROUP_ROOT.iterdir():
-            if not controller.is_dir() or controller.is_symlink():
-                continue
-            for node in self.nodes:
-                top = controller / f"slurm_{node}"
-                if top.is_dir():
-                    yield top
+        """Slurm's cgroup directories for our node names (every v1 controller's, or the
+        v2 scopes)."""
+        for node in self.nodes:
+            yield from (top for top in self.cgroups.node_trees(node) if top.is_dir())
 
     def _kill_job_steps(self) -> None:
         """SIGKILL whatever still runs in our nodes' cgroups (slurmstepd and its tasks)."""
+        for top in self._our_cgroups():
+            # cgroup v2 (Linux 5.14+) kills a whole tree at once, frozen tasks too.
+            with contextlib.suppress(OSError):
+                (top / "cgroup.kill").write_text("1")
         for _attempt in range(20):
             pids: set[int] = set()
             for top in self._our_cgroups():
@@ -398,6 +424,10 @@ class SlurmCluster:
                     path.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
+        if self._made_slice:
+            # Only when empty: another cluster on this machine may have a scope in it.
+            with contextlib.suppress(OSError):
+                self.cgroups.slice.rmdir()
 
 
 def parse_fields(text: str) -> dict[str, str]:
