@@ -124,7 +124,12 @@ def test_replicas_share_agents_and_tenants_see_one_feed(cluster: Clustered) -> N
     settle(cluster, records, tenants, 50)
     first, second = (read_lines(t) for t in tenants)
     job = [(x["seq"], x["body"]) for x in first if x["topic"] == TOPIC]
-    assert job == [(x["seq"], x["body"]) for x in second if x["topic"] == TOPIC][:len(job)]
+    other = [(x["seq"], x["body"]) for x in second if x["topic"] == TOPIC]
+    # One feed: the same messages under the same numbers at either replica. Either tenant
+    # may be a message behind when they are read (settle waits for the acknowledged
+    # advisories, not for what was published after them), so compare what both have.
+    common = min(len(job), len(other))
+    assert common >= 50 and job[:common] == other[:common]
     for tenant in tenants:
         check_feed(tenant)
     status = cluster.replicas["r2"].request("status")
