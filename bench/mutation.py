@@ -33,6 +33,11 @@ MODULES = {
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
     "agent/gpu/energy.py": ["tests/test_energy_loop.py"],
+    "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
+    "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],
+    "controller/scheduler/reasons.py": ["tests/test_scheduler_engine.py"],
+    "agent/remediation/engine.py": ["tests/test_scheduler_remediation_engine.py",
+                                    "tests/test_scheduler_fake_reset.py"],
     # Not sans-I/O: the one module that touches tenant-writable directories (real files).
     "agent/tuning/hostilefs.py": ["tests/test_hardening_files.py"],
 }
