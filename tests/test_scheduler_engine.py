@@ -498,3 +498,120 @@ def test_each_row_shows_the_node_as_the_operator_reads_it() -> None:
     assert by_node["n3"].held == "cancelled by an operator"
     assert by_node["n5"].intent == "rewrite reason (hz: gpu 1 lost)"
     assert by_node["spare0"] == Row("spare0", "", "free", "IDLE", "", "", "")
+
+
+def test_each_note_is_said_in_its_own_words_once_per_episode() -> None:
+    engine = Engine(Settings(mode=Mode.ACT, max_share=0.25))
+    hosts = (_host("n1", QUARANTINED), _host("n2", QUARANTINED), _host("ghost"))
+    nodes = (_node("n0", "IDLE", "DRAIN", reason="bad fan"), _node("n1"), _node("n2"),
+             _node("n3"))
+    first = engine.step(Observations(hosts, nodes), 0.0)
+    assert first.actions == []
+    assert first.notes == [
+        "host ghost: the scheduler has no node ghost (map it in [scheduler] node_map); "
+        "left alone",
+        f"node n1: drain ({MINE}) held: breaker: partition gpu would have 2 of 4 out "
+        "(max 25%)",
+        f"node n2: drain ({MINE}) held: breaker: partition gpu would have 2 of 4 out "
+        "(max 25%)"]
+    assert engine.step(Observations(hosts, nodes), 1.0).notes == []
+    # The episode ends (the host is known now), then starts again: said again.
+    engine.step(Observations(hosts[:2], nodes), 2.0)
+    assert engine.step(Observations(hosts, nodes), 3.0).notes == first.notes[:1]
+
+
+def test_someone_elses_drain_is_named_in_the_note_with_its_reason() -> None:
+    engine = Engine(ACT)
+    nodes = (_node("n1", "IDLE", "DRAIN", reason="bad fan"), *_spare(3))
+    step = engine.step(Observations((_host("n1", (Hold(HoldKind.REBOOT),)),), nodes), 0.0)
+    assert step.notes == ["node n1: drained or down by someone else ('bad fan'); our holds "
+                          "are not written there"]
+    assert engine.step(Observations((_host("n1"),), nodes), 1.0).notes == []
+
+
+def test_an_edited_reason_is_named_in_the_note_and_stays_theirs_until_resumed() -> None:
+    engine = Engine(ACT, Marks(ours={"n1": MINE}))
+    edited = (_node("n1", "IDLE", "DRAIN", reason="hz: alice checks"), *_spare(3))
+    step = engine.step(Observations((_host("n1"),), edited), 0.0)
+    assert step.actions == []
+    assert step.notes == ["node n1: its drain reason was edited by hand ('hz: alice checks'): "
+                          "it is not ours any more, left alone"]
+    assert engine.rows[0].situation == "edited" and engine.rows[0].intent == \
+        "leave alone (not ours)"
+    assert engine.marks.disowned == {"n1"} and engine.marks.ours == {}
+    # Someone resumed it: ours to drain again, and the marks forget it.
+    free = (_node("n1"), *_spare(3))
+    assert _step(engine, [_host("n1", QUARANTINED)], list(free)) == [Drain("n1", MINE)]
+    assert engine.marks.disowned == set()
+
+
+def test_a_node_back_in_service_is_no_longer_ours_but_a_pending_reboot_stays() -> None:
+    engine = Engine(ACT, Marks(ours={"n1": MINE, "n2": "hz: reboot", "n3": MINE},
+                               disowned={"n1"}))
+    nodes = [_node("n1"), _node("n2", "IDLE", "REBOOT_ISSUED"),
+             _node("n3", "IDLE", "DRAIN", reason=MINE), *_spare(3)]
+    _step(engine, [], nodes)
+    assert engine.marks.ours == {"n2": "hz: reboot", "n3": MINE}
+    assert engine.marks.disowned == set()
+
+
+def test_the_reboot_mark_ends_with_the_reboot_hold_and_not_on_silence() -> None:
+    engine = Engine(ACT, Marks(rebooted={"n1", "n2", "n3"}))
+    reboot = (Hold(HoldKind.REBOOT),)
+    hosts = [_host("n1"), _host("n2", reboot), _host("n3", alive=False)]
+    _step(engine, hosts, [_node("n1"), _node("n2"), _node("n3"), *_spare(5)])
+    assert engine.marks.rebooted == {"n2", "n3"}
+
+
+def test_a_reboot_on_a_node_we_drained_skips_the_breaker() -> None:
+    engine = Engine(Settings(mode=Mode.ACT, max_share=0.0), Marks(ours={"n1": MINE}))
+    reboot = (Hold(HoldKind.REBOOT), *QUARANTINED)
+    nodes = [_node("n1", "IDLE", "DRAIN", reason=MINE), _node("n2")]
+    assert _step(engine, [_host("n1", reboot)], nodes) == [
+        Reboot("n1", "hz: reboot; gpu 2 quarantined: reset-gpu")]
+    assert engine.rows[0].intent == "reboot (hz: reboot; gpu 2 quarantined: reset-gpu)"
+    # A free node's reboot takes it out: the breaker holds it.
+    engine = Engine(Settings(mode=Mode.ACT, max_share=0.0))
+    assert _step(engine, [_host("n2", reboot)], nodes) == []
+    assert engine.rows[1].held.startswith("breaker: partition gpu")
+
+
+def test_pause_and_shadow_mode_are_shown_as_why_nothing_is_done() -> None:
+    engine = Engine(ACT, Marks(paused=True, ours={"n2": MINE}))
+    nodes = [_node("n1"), _node("n2", "IDLE", "DRAIN", reason=MINE), *_spare(4)]
+    hosts = [_host("n1", QUARANTINED), _host("n2")]
+    assert _step(engine, hosts, nodes) == []
+    assert [row.held for row in engine.rows[:2]] == ["paused", "paused"]
+    shadow = Engine(Settings(max_share=1.0), Marks(ours={"n2": MINE}))
+    step = shadow.step(Observations(tuple(hosts), tuple(nodes)), 0.0)
+    assert step.actions == [] and [row.held for row in shadow.rows[:2]] == [
+        "shadow mode", "shadow mode"]
+    assert step.notes == [f"shadow mode: would drain ({MINE}) on node n1",
+                          "shadow mode: would resume on node n2"]
+
+
+def test_a_reservation_is_asked_only_for_a_live_host_left_to_us_and_with_room() -> None:
+    nodes = _idle_nodes(4)
+    waiting = [_host("n1", idle_wanted=True)]
+    minutes = Engine(Settings(mode=Mode.ACT, max_share=0.5, reservation_minutes=45))
+    assert _step(minutes, waiting, nodes) == [Reserve("n1", "hz-validate-n1", 45)]
+    assert _step(Engine(ACT), [_host("n1", alive=False, idle_wanted=True)], nodes) == []
+    assert _step(Engine(ACT, Marks(cancelled={"n1"})), waiting, nodes) == []
+    assert _step(Engine(ACT, Marks(paused=True)), waiting, nodes) == []
+    full = Engine(Settings(mode=Mode.ACT, max_share=0.25))
+    assert _step(full, waiting, [_node("n0", "DOWN"), *nodes[1:]]) == []
+    # Ours on a silent, cancelled or paused host: left to expire on its own.
+    ours = frozenset({"hz-validate-n1"})
+    assert _step(Engine(ACT), [_host("n1", alive=False)], nodes, ours) == []
+    assert _step(Engine(ACT), [], nodes, ours) == []
+    assert _step(Engine(ACT, Marks(cancelled={"n1"})), [_host("n1")], nodes, ours) == []
+    assert _step(Engine(ACT, Marks(paused=True)), [_host("n1")], nodes, ours) == []
+
+
+def test_a_reservation_in_shadow_mode_is_only_said() -> None:
+    nodes = tuple(_idle_nodes(4))
+    engine = Engine(Settings(max_share=0.5))
+    step = engine.step(Observations((_host("n1", idle_wanted=True),), nodes), 0.0)
+    assert step.actions == [] and step.notes == ["shadow mode: would reserve hz-validate-n1"]
+    step = engine.step(Observations((_host("n1"),), nodes, frozenset({"hz-validate-n1"})), 1.0)
+    assert step.actions == [] and step.notes == ["shadow mode: would unreserve hz-validate-n1"]
