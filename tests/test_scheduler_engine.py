@@ -615,3 +615,7 @@ def test_a_reservation_in_shadow_mode_is_only_said() -> None:
     assert step.actions == [] and step.notes == ["shadow mode: would reserve hz-validate-n1"]
     step = engine.step(Observations((_host("n1"),), nodes, frozenset({"hz-validate-n1"})), 1.0)
     assert step.actions == [] and step.notes == ["shadow mode: would unreserve hz-validate-n1"]
+
+
+def test_a_node_is_not_disowned_unless_said() -> None:
+    assert situation(_node("n", "IDLE", "DRAIN", reason=MINE), MINE) is S.OURS
