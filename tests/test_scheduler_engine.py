@@ -619,3 +619,21 @@ def test_a_reservation_in_shadow_mode_is_only_said() -> None:
 
 def test_a_node_is_not_disowned_unless_said() -> None:
     assert situation(_node("n", "IDLE", "DRAIN", reason=MINE), MINE) is S.OURS
+
+
+def test_every_node_gets_its_reservation_decision_whatever_came_before() -> None:
+    # n0 is held by the breaker, n1 has nothing to do, n2 and n3 are decided after them.
+    nodes = [_node(f"n{i}") for i in range(4)] + [_node("d", "DOWN")]
+    hosts = [_host("n0", idle_wanted=True), _host("n1"), _host("n2"),
+             _host("n3", idle_wanted=True)]
+    engine = Engine(Settings(mode=Mode.ACT, max_share=0.2))
+    ours = frozenset({"hz-validate-n2", "hz-validate-n3"})
+    assert _step(engine, hosts, nodes, ours) == [Unreserve("n2", "hz-validate-n2")]
+    shadow = Engine(Settings(max_share=1.0))
+    step = shadow.step(Observations(tuple(hosts), tuple(nodes), ours), 0.0)
+    assert step.notes == ["shadow mode: would reserve hz-validate-n0",
+                          "shadow mode: would unreserve hz-validate-n2"]
+
+
+def test_a_row_without_a_reason_held_shows_none() -> None:
+    assert Row("n1", "h1", "free", "IDLE", "", "").held == ""
