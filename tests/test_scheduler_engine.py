@@ -637,3 +637,40 @@ def test_every_node_gets_its_reservation_decision_whatever_came_before() -> None
 
 def test_a_row_without_a_reason_held_shows_none() -> None:
     assert Row("n1", "h1", "free", "IDLE", "", "").held == ""
+
+
+def test_before_the_scheduler_was_ever_read_there_are_no_rows_nor_notes() -> None:
+    step = Engine(ACT).step(Observations((_host("n1", QUARANTINED),), None), 0.0)
+    assert step.rows == [] and step.notes == [] and step.actions == []
+
+
+def test_a_node_with_our_reservation_counts_as_out_for_the_breaker() -> None:
+    engine = Engine(Settings(mode=Mode.ACT, max_share=0.25))
+    nodes = _idle_nodes(4)
+    assert _step(engine, [_host("n1", QUARANTINED)], nodes,
+                 frozenset({"hz-validate-n0"})) == []
+    assert engine.rows[1].held == "breaker: partition gpu would have 2 of 4 out (max 25%)"
+
+
+def test_several_nodes_notes_are_each_said_once() -> None:
+    engine = Engine(Settings(max_share=1.0), Marks(ours={"e1": MINE, "e2": MINE}))
+    hosts = (_host("ghost1"), _host("ghost2"), _host("e1"), _host("e2"),
+             _host("t1", QUARANTINED), _host("t2", QUARANTINED),
+             _host("s1", QUARANTINED), _host("s2", QUARANTINED),
+             _host("r1", idle_wanted=True), _host("r2", idle_wanted=True))
+    nodes = (_node("e1", "IDLE", "DRAIN", reason="hz: alice"),
+             _node("e2", "IDLE", "DRAIN", reason="hz: bob"),
+             _node("t1", "IDLE", "DRAIN", reason="fan"), _node("t2", "DOWN", reason="psu"),
+             _node("s1"), _node("s2"), _node("r1"), _node("r2"))
+    first = engine.step(Observations(hosts, nodes), 0.0)
+    assert len(first.notes) == 10
+    assert engine.step(Observations(hosts, nodes), 1.0).notes == []
+
+
+def test_a_drain_we_wrote_before_our_records_were_lost_is_resumed_and_forgotten() -> None:
+    engine = Engine(ACT)
+    nodes = [_node("n1", "IDLE", "DRAIN", reason=MINE), *_spare(3)]
+    actions = _step(engine, [_host("n1")], nodes)
+    assert actions == [Resume("n1")]
+    engine.done(actions[0])
+    assert engine.marks.ours == {} and engine.counters == {"resume_done": 1}
