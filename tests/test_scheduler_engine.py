@@ -654,7 +654,8 @@ def test_a_node_with_our_reservation_counts_as_out_for_the_breaker() -> None:
 
 def test_several_nodes_notes_are_each_said_once() -> None:
     engine = Engine(Settings(max_share=1.0), Marks(ours={"e1": MINE, "e2": MINE}))
-    hosts = (_host("ghost1"), _host("ghost2"), _host("e1"), _host("e2"),
+    hosts = (_host("ghost1"), _host("ghost2"), _host("e1", QUARANTINED),
+             _host("e2", QUARANTINED),
              _host("t1", QUARANTINED), _host("t2", QUARANTINED),
              _host("s1", QUARANTINED), _host("s2", QUARANTINED),
              _host("r1", idle_wanted=True), _host("r2", idle_wanted=True))
