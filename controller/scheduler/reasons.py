@@ -39,14 +39,13 @@ def phrase(hold: Hold) -> str:
             words = f"{gpu or 'gpu'} lost"
         case HoldKind.GPU_QUARANTINED:
             words = f"{gpu or 'gpu'} quarantined" + (f": {detail}" if detail else "")
-            detail = ""
         case HoldKind.VALIDATION_FAILED:
             words = "validation failed"
         case HoldKind.CONDITION:
             words = "condition" + (f" {detail}" if detail else "")
-            detail = ""
         case _:
             words = "drained by operator"
+    # The kinds above that did not place the detail in their words take it as a suffix.
     if detail and hold.kind in (HoldKind.VALIDATION_FAILED, HoldKind.DRAINED,
                                 HoldKind.GPU_LOST):
         words += f": {detail}"
