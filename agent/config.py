@@ -19,8 +19,12 @@ from harmonaize.config import AbsPath, Endpoint, LogLevel, MetricsSection, Optio
 from harmonaize.schema import Fraction, Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/agent.toml")
-#: A Slurm job's cgroup, v1 or v2: a path component ``job_<digits>``.
-SLURM_JOB_CGROUP = r"/job_(?P<job>[0-9]+)(/|$)"
+#: A Slurm job's cgroup where slurmd makes it, v1 (``/slurm[_<node>]/uid_<u>/job_<id>/...``)
+#: or v2 (``/system.slice/[<node>_]slurmstepd.scope/job_<id>/...``). Anchored at the root:
+#: a tenant may own a delegated subtree (systemd's ``user@<uid>.service``) and name a
+#: cgroup ``job_<id>`` there, but cannot make one under root's ``slurm`` or ``system.slice``.
+SLURM_JOB_CGROUP = (r"^(?:/slurm(?:_[^/]+)?/uid_[0-9]+"
+                    r"|/system\.slice/(?:[^/]+_)?slurmstepd\.scope)/job_(?P<job>[0-9]+)(?:/|$)")
 
 
 @dataclass(frozen=True)

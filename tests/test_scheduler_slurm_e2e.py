@@ -40,7 +40,14 @@ pytest_plugins = ["tests.slurmcluster"]
     ("4:memory:/slurm/uid_1000/job_17/step_batch/task_0", "17"),  # v1
     ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1", "4242"),  # v2
     ("0::/system.slice/slurmstepd.scope/job_9", "9"),
+    ("0::/system.slice/n2_slurmstepd.scope/job_5/step_0/user/task_special", "5"),  # v2, multi
     ("0::/user.slice/myjob_3/x", None),  # not a path component of its own
+    # A tenant's own delegated subtree: it may name cgroups as it likes, so only the
+    # places slurmd makes (root's) count.
+    ("0::/user.slice/user-1000.slice/user@1000.service/job_42/step_0", None),
+    ("0::/user.slice/user-1000.slice/user@1000.service/system.slice/slurmstepd.scope/job_42",
+     None),
+    ("4:freezer:/user/job_42/step_0", None),
     ("0::/system.slice/slurmstepd.scope/job_12x/step_0", None),
     ("0::/", None),
 ])
