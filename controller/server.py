@@ -316,6 +316,7 @@ class ControllerServer:
             await self.router.poll(flags=zmq.POLLIN)
             now = time.monotonic()
             out: list[Output] = []
+            senders: set[str] = set()
             for _ in range(BATCH):
                 try:
                     frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
@@ -325,9 +326,11 @@ class ControllerServer:
                 # The key's name, which the core holds the frame's sender to.
                 host = frames[1].get("User-Id") if authenticated and len(frames) == 2 else None
                 out += self.core.receive(AgentPeer(conn, host), message, now)
+                if isinstance(message, Envelope):
+                    senders.add(host or message.sender)
             out += self.core.tick(now, time.time())  # a Commit, then what it allows
             self._execute(out)
-            self.scheduler.poke()  # a host's holds may have changed
+            self.scheduler.poke(senders)  # a sender's holds may have changed
 
     async def _feed_loop(self) -> None:
         assert self.tenants is not None
@@ -364,6 +367,7 @@ class ControllerServer:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue  # look again: due now, or a new deadline
             self._execute(self.core.tick(time.monotonic(), time.time()))
+            self.scheduler.poke()  # a host may have been counted down or back
 
     # --- executing the core's outputs ----------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from controller.scheduler.marks import MarkStore
@@ -84,16 +84,21 @@ class SchedulerWiring:
     def loops(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
         return [] if self.service is None else [("scheduler", self.service.run())]
 
-    def poke(self) -> None:
-        """After each batch of agents' frames: wake the loop if what it acts on changed.
+    def poke(self, hosts: Iterable[str] | None = None) -> None:
+        """Wake the loop if what it acts on changed: after a batch of agents' frames for
+        the ``hosts`` that sent them (the batch costs a few operations per sender, not
+        per known host), after the core's timer ticked for every host (liveness).
         A host's summary object is replaced by every summary, so it is compared by
-        identity first and its holds only when it is new: a batch costs a few
-        operations per host, and a summary that repeats the same holds wakes nothing."""
+        identity first and its holds only when it is new: a summary that repeats the
+        same holds wakes nothing."""
         if self.service is None:
             return
         changed = False
         seen = self._seen
-        for host_id, record in self.server.core.cluster.hosts.items():
+        records = self.server.core.cluster.hosts
+        looked = records.items() if hosts is None else \
+            ((h, records[h]) for h in hosts if h in records)
+        for host_id, record in looked:
             summary, before = record.summary, seen.get(host_id)
             if before is not None and before[0] is summary and before[1] == record.alive:
                 continue
