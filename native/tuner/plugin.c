@@ -928,13 +928,13 @@ static int hz_job_valid(const char* job) {
 }
 
 static struct hz_ctx* hz_open(uint64_t comm_id, size_t nRanks, size_t nNodes, hz_logger_t log) {
-  const char* named_by = "HARMONAIZE_JOB";
-  const char* job = getenv(named_by);
+  const char* job = getenv("HARMONAIZE_JOB");
+  int from_slurm = 0;
   if (job == NULL) {
     /* A rank launched by Slurm's srun names its job itself, by the id the placement
        (harmonaize-slurm) and the agent (the job's cgroup) use: no variable of ours. */
-    named_by = "SLURM_JOB_ID";
-    job = getenv(named_by);
+    job = getenv("SLURM_JOB_ID");
+    from_slurm = job != NULL;
   }
   if (job == NULL) {
     HZ_LOG(log, HZ_LOG_INFO,
@@ -943,9 +943,15 @@ static struct hz_ctx* hz_open(uint64_t comm_id, size_t nRanks, size_t nNodes, hz
     return NULL;
   }
   if (!hz_job_valid(job)) {
-    HZ_LOG(log, HZ_LOG_WARN,
-           HZ_NAME " tuner: %s is not 1-128 of [A-Za-z0-9._:@+-]; leaving NCCL's choices",
-           named_by);
+    if (from_slurm) {
+      HZ_LOG(log, HZ_LOG_WARN,
+             HZ_NAME " tuner: SLURM_JOB_ID is not 1-128 of [A-Za-z0-9._:@+-]; "
+                     "leaving NCCL's choices");
+    } else {
+      HZ_LOG(log, HZ_LOG_WARN,
+             HZ_NAME " tuner: HARMONAIZE_JOB is not 1-128 of [A-Za-z0-9._:@+-]; "
+                     "leaving NCCL's choices");
+    }
     return NULL;
   }
   const char* dir = getenv("HARMONAIZE_TUNER_DIR");
