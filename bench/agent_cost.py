@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import answers, scratch, wait_until  # noqa: E402
 from harmonaize.opsocket import request  # noqa: E402
-from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path  # noqa: E402
-from harmonaize.testbed.netns import Lab  # noqa: E402
+from testbed.fakegpu import STATE_ENV, FakeNvml, library_path  # noqa: E402
+from testbed.netns import Lab  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 BASELINE = f"""

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import answers, percentile, scratch, wait_until  # noqa: E402
 from harmonaize.opsocket import request  # noqa: E402
-from harmonaize.testbed.netns import Lab  # noqa: E402
+from testbed.netns import Lab  # noqa: E402
 
 JOB = "bench-job"
 COMM = 0x5EED00000000BE4C

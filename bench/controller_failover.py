@@ -35,8 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile, scratch
-from harmonaize.testbed.natscluster import Clustered, read_lines, wait_for
-from harmonaize.testbed.netns import Lab
+from testbed.natscluster import Clustered, read_lines, wait_for
+from testbed.netns import Lab
 
 JOB = "job-f"
 REPLICAS = ("r1", "r2", "r3")

@@ -51,7 +51,7 @@ from harmonaize import keys
 from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.opsocket import request
-from harmonaize.testbed.natscluster import nats_server
+from testbed.natscluster import nats_server
 
 PROBES = 20
 SUMMARY = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8))

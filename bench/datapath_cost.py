@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.datapath_overhead import throughput  # noqa: E402
-from harmonaize.testbed.netns import Lab  # noqa: E402
+from testbed.netns import Lab  # noqa: E402
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 #: Program name prefix (hz_tc_i<slot>, hz_tc_e<slot>) -> hook.

@@ -30,7 +30,7 @@ from harmonaize import keys
 from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.opsocket import request
-from harmonaize.testbed.keyring import Credentials, Keyring
+from testbed.keyring import Credentials, Keyring
 
 TENANTS = 10
 

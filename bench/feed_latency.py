@@ -35,8 +35,8 @@ from controller.redaction import RedactionConfig
 from harmonaize.messages import JobAdvisory
 from harmonaize.opsocket import request
 from harmonaize.tenant import FeedClient
-from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
-from harmonaize.testbed.keyring import Credentials, Keyring
+from testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from testbed.keyring import Credentials, Keyring
 
 GPUS = 8
 

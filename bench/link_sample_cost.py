@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harmonaize.testbed.netns import Lab  # noqa: E402
+from testbed.netns import Lab  # noqa: E402
 
 
 def inner(samples: int, idle_first: bool = True) -> None:

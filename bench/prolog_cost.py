@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, free_port, percentile, scratch
 from harmonaize.opsocket import request
-from harmonaize.testbed.cluster import TEST_POOLS
-from harmonaize.testbed.keyring import Keyring
+from testbed.cluster import TEST_POOLS
+from testbed.keyring import Keyring
 
 HOOK = Path(sys.executable).parent / "harmonaize-slurm"
 

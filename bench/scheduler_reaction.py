@@ -1,6 +1,6 @@
 """scheduler-reaction: a GPU quarantined in the agent to its node drained in slurmctld.
 
-Real munged, slurmctld and two slurmd (harmonaize/testbed/slurm.py), a real controller
+Real munged, slurmctld and two slurmd (testbed/slurm.py), a real controller
 with ``[scheduler]`` in act mode and a real agent on four fake GPUs, mapped to the first
 node. Each round quarantines GPU 2 (``harmonctl drain --gpu 2``) and polls ``scontrol
 show node`` until the node shows DRAIN with our reason; then releases the GPU and waits
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, free_port, percentile, scratch, wait_until
 from harmonaize.opsocket import request
-from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
-from harmonaize.testbed.slurm import SlurmCluster, missing
+from testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from testbed.slurm import SlurmCluster, missing
 
 
 def drained(env: dict[str, str], node: str) -> bool:

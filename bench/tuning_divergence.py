@@ -6,12 +6,12 @@ timing, skews and rates):
 * **compressed time** (``--fast``, default 420): the real plugin (one thread
   per rank), the real agent service on real files and the real controller
   agreement with its snapshots, a simulated clock, links and network
-  (harmonaize/testbed/tuningsim.py): up to 3 hosts x 3 ranks, 10 to 10,000
+  (testbed/tuningsim.py): up to 3 hosts x 3 ranks, 10 to 10,000
   collectives/s, skews up to 1 s, switching margins from 2 collectives;
 * **end to end** (``--e2e``, default 100): real agents in network namespaces,
   the real controller, stand-in ranks of unprivileged users loading the real
   plugin, real signals, cut links and real congestion
-  (harmonaize/testbed/tuninge2e.py), one lab for every schedule.
+  (testbed/tuninge2e.py), one lab for every schedule.
 
 Then the windows no protocol closes, measured (``--windows``, default 5
 rounds each): a host cut off right after arming (its ranks pause; for how
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import percentile  # noqa: E402
-from harmonaize.testbed import tuninge2e, tuningsim  # noqa: E402
+from testbed import tuninge2e, tuningsim  # noqa: E402
 
 
 def spread(values: list[float]) -> str:

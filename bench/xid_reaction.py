@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, percentile, scratch
 from harmonaize.opsocket import request
-from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from testbed.fakegpu import STATE_ENV, FakeNvml, library_path
 
 
 def xids(sock: Path, gpu: int) -> tuple[int, bool]:

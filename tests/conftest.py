@@ -19,11 +19,17 @@ import zmq
 from hypothesis import settings
 
 from harmonaize import wireaudit
-from harmonaize.testbed.netns import Lab
+from testbed.netns import Lab
 from tests.wirecheck import Audit
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# The test harness (testbed/) lives beside the installed packages, not in them: the
+# subprocesses the tests start ("python -m testbed.fakesmi" and the like, some from an
+# agent's configuration) find it through PYTHONPATH.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
@@ -51,7 +57,7 @@ def host_kind(request: pytest.FixtureRequest) -> str:
     """Where integration tests get their hosts: "netns" (default) or "vagrant" (--vagrant)."""
     if not request.config.getoption("--vagrant"):
         return "netns"
-    from harmonaize.testbed import vagrant  # noqa: PLC0415 - only with --vagrant
+    from testbed import vagrant  # noqa: PLC0415 - only with --vagrant
 
     reason = vagrant.not_up(ROOT)
     if reason is not None:

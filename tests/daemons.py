@@ -17,10 +17,10 @@ from harmonaize import messages as m
 from harmonaize.messages import decode, encode
 from harmonaize.opsocket import CommandError, request
 from harmonaize.tenant.client import FeedClient
-from harmonaize.testbed.cluster import TEST_POOLS
-from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
-from harmonaize.testbed.keyring import Credentials, Keyring
-from harmonaize.testbed.netns import Lab
+from testbed.cluster import TEST_POOLS
+from testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from testbed.keyring import Credentials, Keyring
+from testbed.netns import Lab
 from tests.conftest import Spawn, free_port, python
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harmonaize.testbed.slurm import SlurmCluster
+from testbed.slurm import SlurmCluster
 from tests.daemons import (
     NO_LINKS,
     Agent,

@@ -1,4 +1,4 @@
-"""Pytest fixtures for a real Slurm cluster (harmonaize.testbed.slurm).
+"""Pytest fixtures for a real Slurm cluster (testbed.slurm).
 
 A test module names this module in ``pytest_plugins = ["tests.slurmcluster"]``:
 ``slurm`` is a started two-node cluster; ``make_slurm(...)`` starts clusters with the
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from harmonaize.testbed import slurm as testbed
-from harmonaize.testbed.slurm import SlurmCluster
+from testbed import slurm as testbed
+from testbed.slurm import SlurmCluster
 
 
 def _skip_unless_runnable() -> None:

@@ -21,7 +21,7 @@ from controller.bus.nats import (
     agent_subject,
 )
 from controller.config import ClusterSection
-from harmonaize.testbed.natscluster import nats_server, wait_for
+from testbed.natscluster import nats_server, wait_for
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.cluster

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from harmonaize.testbed.cluster import Timeout
-from harmonaize.testbed.natscluster import FEED_PORT, Clustered, read_lines, wait_for
+from testbed.cluster import Timeout
+from testbed.natscluster import FEED_PORT, Clustered, read_lines, wait_for
 from tests.conftest import ROOT, needs_root, python
 
 pytestmark = [pytest.mark.cluster, needs_root]

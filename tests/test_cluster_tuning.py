@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from agent.tuning.shm import policy_path, read_policy
-from harmonaize.testbed.cluster import TestCluster
-from harmonaize.testbed.natscluster import AGENT_PORT, Clustered, wait_for
+from testbed.cluster import TestCluster
+from testbed.natscluster import AGENT_PORT, Clustered, wait_for
 from tests.conftest import needs_root
 from tests.test_tuning_multihost import (
     COMM,

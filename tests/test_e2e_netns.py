@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.testbed.cluster import TestCluster
-from harmonaize.testbed.demo import HOSTS, capacity_is
+from testbed.cluster import TestCluster
+from testbed.demo import HOSTS, capacity_is
 from tests.conftest import needs_root
 
 pytestmark = [pytest.mark.foundation, needs_root]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.testbed import fakegpu
-from harmonaize.testbed.fakegpu import FakeNvml
-from harmonaize.testbed.powercheck import parse_smi
+from testbed import fakegpu
+from testbed.fakegpu import FakeNvml
+from testbed.powercheck import parse_smi
 
 pytestmark = pytest.mark.energy
 
@@ -51,7 +51,7 @@ def smi_script(tmp_path: Path, xml: str) -> Path:
 def run_check(tmp_path: Path, fake: FakeNvml, xml: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **fakegpu.environment(fake.path)}
     return subprocess.run(
-        [sys.executable, "-m", "harmonaize.testbed.powercheck", "--nvidia-smi",
+        [sys.executable, "-m", "testbed.powercheck", "--nvidia-smi",
          str(smi_script(tmp_path, xml)), "--json", str(tmp_path / "out.json")],
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
@@ -94,7 +94,7 @@ def test_it_names_what_differs(tmp_path) -> None:
 def test_without_nvidia_smi_it_says_so_in_one_line(tmp_path) -> None:
     fake = fake_gpus(tmp_path)
     env = {**os.environ, **fakegpu.environment(fake.path)}
-    done = subprocess.run([sys.executable, "-m", "harmonaize.testbed.powercheck",
+    done = subprocess.run([sys.executable, "-m", "testbed.powercheck",
                            "--nvidia-smi", str(tmp_path / "missing")], capture_output=True,
                           text=True, timeout=60, env=env, cwd=ROOT)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1

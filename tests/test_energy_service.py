@@ -28,8 +28,8 @@ from agent.gpu.energyservice import ENERGY_FILE, EnergyService
 from agent.gpu.types import GpuIdentity, GpuProcess, GpuSample, GpuSnapshot, GpuTelemetry, JobRef
 from agent.tuning.shm import prepare_dirs, prepare_job_dir
 from harmonaize.messages import EnergyAllowance, JobDeclaration
-from harmonaize.testbed import fakegpu
-from harmonaize.testbed.fakegpu import FakeNvml
+from testbed import fakegpu
+from testbed.fakegpu import FakeNvml
 from tests.daemons import wait_until
 from tests.energyplant import StatsFile
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from harmonaize.testbed import fakegpu
-from harmonaize.testbed.fakegpu import FakeNvml
+from testbed import fakegpu
+from testbed.fakegpu import FakeNvml
 
 pytestmark = pytest.mark.energy
 

@@ -44,7 +44,7 @@ from agent.tuning.loop import WritePolicy
 from agent.tuning.service import TuningService
 from agent.tuning.shm import job_dir, prepare_dirs, prepare_job_dir, read_stats
 from harmonaize.messages import Algorithm, Collective, JobDeclaration, Protocol, TuningRange
-from harmonaize.testbed.tuningsim import link_judgements, link_sample
+from testbed.tuningsim import link_judgements, link_sample
 from tests.conftest import needs_root
 
 pytestmark = [pytest.mark.hardening, needs_root]

@@ -33,7 +33,7 @@ from agent.tuning.layout import (
 from agent.tuning.service import TuningService
 from agent.tuning.shm import StatsLimits, StatsReader, prepare_dirs, prepare_job_dir
 from harmonaize.messages import Algorithm, Collective, JobDeclaration, Protocol, TuningRange
-from harmonaize.testbed.tuningsim import link_judgements, link_sample
+from testbed.tuningsim import link_judgements, link_sample
 from tests.conftest import needs_root
 
 pytestmark = [pytest.mark.hardening, needs_root]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.testbed.netns import Lab
+from testbed.netns import Lab
 from tests.conftest import needs_root
 from tests.daemons import wait_until
 from tests.test_tuning_netns import DECLARATION, JOB, agent_in, declare, received_bps

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.links.sysfs import DevCounters, parse_proc_net_dev
-from harmonaize.testbed.dropper import Dropper
-from harmonaize.testbed.netns import Lab
+from testbed.dropper import Dropper
+from testbed.netns import Lab
 from tests.conftest import free_port, needs_root, python
 from tests.daemons import Agent, start_agent, wait_until
 from tests.test_ops_metrics import check_conventions, value

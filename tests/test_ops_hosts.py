@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harmonaize.testbed.cluster import TestCluster
+from testbed.cluster import TestCluster
 from tests.conftest import ROOT, needs_root
 
 pytestmark = pytest.mark.ops
@@ -85,7 +85,7 @@ class NamespaceHosts(Hosts):
 
 class VmHosts(Hosts):
     def __init__(self, workdir: Path) -> None:
-        from harmonaize.testbed.vagrant import VagrantCluster  # noqa: PLC0415 - VMs only
+        from testbed.vagrant import VagrantCluster  # noqa: PLC0415 - VMs only
 
         self.vms = VagrantCluster(ROOT, workdir)
 

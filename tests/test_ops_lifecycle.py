@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from harmonaize.opsocket import request
-from harmonaize.testbed.fakegpu import STATE_ENV
+from testbed.fakegpu import STATE_ENV
 from tests.conftest import ROOT
 from tests.daemons import (
     NO_LINKS,

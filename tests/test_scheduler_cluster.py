@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.testbed.natscluster import Clustered, wait_for
+from testbed.natscluster import Clustered, wait_for
 from tests.conftest import needs_root
 from tests.slurmhook import job_env, make_hook
 

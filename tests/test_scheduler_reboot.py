@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from harmonaize import messages as m
-from harmonaize.testbed.slurm import SlurmCluster
+from testbed.slurm import SlurmCluster
 from tests.conftest import needs_root
 from tests.daemons import FakeAgent, wait_until
 from tests.schedulerrig import Rig, start_rig

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harmonaize.testbed.fakegpu import FakeNvml
+from testbed.fakegpu import FakeNvml
 from tests.conftest import needs_root, python
 from tests.daemons import NO_LINKS, Agent, fake_gpus, gpu_section, start_agent
 from tests.daemons import wait_until as wait
@@ -20,7 +20,7 @@ from tests.daemons import wait_until as wait
 pytestmark = [pytest.mark.scheduler, needs_root]
 
 FAKE_CHECK = Path(__file__).parent / "bin" / "fake_check.py"
-FAKE_SMI = [sys.executable, "-m", "harmonaize.testbed.fakesmi", "--gpu-reset", "-i",
+FAKE_SMI = [sys.executable, "-m", "testbed.fakesmi", "--gpu-reset", "-i",
             "{pci_bus_id}"]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harmonaize.testbed.slurm import SlurmCluster
+from testbed.slurm import SlurmCluster
 from tests.conftest import free_port, needs_root, python
 from tests.daemons import wait_until
 from tests.schedulerrig import Rig, hand, start_rig

@@ -17,7 +17,7 @@ import pytest
 from agent.config import SLURM_JOB_CGROUP
 from agent.gpu.jobs import job_from_cgroup
 from harmonaize.messages import JobAdvisory
-from harmonaize.testbed.slurm import SlurmCluster
+from testbed.slurm import SlurmCluster
 from tests.conftest import Spawn
 from tests.daemons import (
     NO_LINKS,

@@ -12,9 +12,9 @@ import pytest
 from agent.config import SLURM_JOB_CGROUP
 from agent.gpu.jobs import JobResolver
 from agent.gpu.types import JobRef
-from harmonaize.testbed import cgroups
-from harmonaize.testbed import slurm as testbed
-from harmonaize.testbed.slurm import SlurmCluster
+from testbed import cgroups
+from testbed import slurm as testbed
+from testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.scheduler
 pytest_plugins = ["tests.slurmcluster"]  # the slurm and make_slurm fixtures

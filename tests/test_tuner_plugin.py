@@ -63,7 +63,7 @@ from agent.tuning.shm import (
     read_policy,
     read_stats,
 )
-from harmonaize.testbed.plugin import LOGGER, STRUCTS
+from testbed.plugin import LOGGER, STRUCTS
 
 pytestmark = pytest.mark.tuning
 
@@ -784,7 +784,7 @@ def test_stats_record_switches_and_the_process_lives(lib, tuner_dir):
 def test_stats_of_a_dead_process_are_dropped(lib, tuner_dir):
     code = (
         f"import os, sys; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from harmonaize.testbed.plugin import Rank\n"
+        "from testbed.plugin import Rank\n"
         f"r = Rank(7, 2, 1, job={JOB!r}, directory={str(tuner_dir)!r})\n"
         "r.call(); os._exit(0)\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harmonaize.testbed.tuningsim import FAULT_KINDS, Fault, Schedule, random_schedule, run
+from testbed.tuningsim import FAULT_KINDS, Fault, Schedule, random_schedule, run
 
 pytestmark = pytest.mark.tuning
 

@@ -28,8 +28,8 @@ from harmonaize.messages import (
     Protocol,
     TuningRange,
 )
-from harmonaize.testbed.ranks import RankKit, stop
-from harmonaize.testbed.tuningsim import link_judgements, link_sample
+from testbed.ranks import RankKit, stop
+from testbed.tuningsim import link_judgements, link_sample
 from tests.conftest import needs_root
 from tests.daemons import wait_until
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.tuning.shm import policy_path, read_policy
-from harmonaize.testbed.cluster import TestCluster
+from testbed.cluster import TestCluster
 from tests.conftest import ROOT, needs_root
 
 pytestmark = [pytest.mark.tuning, needs_root]

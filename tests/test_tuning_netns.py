@@ -22,7 +22,7 @@ from agent.tuning.policies import derive
 from agent.tuning.shm import policy_path, read_policy
 from harmonaize.messages import JobDeclaration
 from harmonaize.schema import from_plain
-from harmonaize.testbed.netns import Lab
+from testbed.netns import Lab
 from tests.conftest import ROOT, Spawn, needs_root, python
 from tests.daemons import Agent, start_agent, wait_until
 

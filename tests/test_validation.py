@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harmonaize.messages import JobHealth, PoolCapacity, ValidationNotice
-from harmonaize.testbed.netns import Lab
+from testbed.netns import Lab
 from tests.conftest import needs_root, python
 from tests.daemons import (
     NO_LINKS,

@@ -87,6 +87,7 @@ class RemediationEngine:
     def __init__(self, settings: Settings, records: Iterable[Record] = (),
                  resets: Iterable[float] = ()) -> None:
         self.settings = settings
+        records = list(records)
         self.records: dict[str, Record] = {r.uuid: r for r in records}
         #: When this host's resets started (the hourly limit), oldest first.
         self.resets: list[float] = sorted(resets)
@@ -96,6 +97,10 @@ class RemediationEngine:
         #: GPUs whose validation was asked for in this run (asked again after a restart).
         self._asked: set[str] = set()
         self._due = float("inf")
+        #: Each GPU's last reset, kept after its record is forgotten (a GPU released and
+        #: quarantined again still waits out ``reset_interval`` since its last reset).
+        self._last_reset: dict[str, float] = {r.uuid: r.last_reset for r in records
+                                              if r.last_reset > float("-inf")}
 
     # --- moves ------------------------------------------------------------------------
 
@@ -111,9 +116,12 @@ class RemediationEngine:
             self.records.pop(uuid, None)
             self._asked.discard(uuid)
             return None
-        base = record or Record(uuid, gpu, nxt)
+        base = record or Record(uuid, gpu, nxt,
+                                last_reset=self._last_reset.get(uuid, float("-inf")))
         moved = replace(base, phase=nxt, **fields)  # type: ignore[arg-type]
         self.records[uuid] = moved
+        if moved.last_reset > float("-inf"):
+            self._last_reset[uuid] = moved.last_reset
         return moved
 
     def _fail(self, record: Record, now: float, boot: str, *, step: Step,

@@ -54,7 +54,7 @@ static char g_settings_path[sizeof(g_path) + 8];
 static uint32_t g_limits[FAKE_MAX_GPUS];
 static int g_settings_fd = -1;
 static struct stat g_settings_stat;
-/* GPU resets done by the testbed's nvidia-smi (harmonaize/testbed/fakesmi.py), from
+/* GPU resets done by the testbed's nvidia-smi (testbed/fakesmi.py), from
  * "<state file>.reset": per GPU, the volatile ECC counts of the state file at its last
  * reset. A volatile counter counts from the last reset, as a real one does, so what
  * NVML reports is the state's value less that baseline. Read whenever it changes. */

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-from harmonaize.testbed.plugin import Rank, load_fake_nccl
+from testbed.plugin import Rank, load_fake_nccl
 
 
 def main() -> int:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from agent.tuning.layout import CommEntry, Policy, Pref, Rule, pseudo_comm_id
 from agent.tuning.shm import PolicyFile, policy_path, prepare_dirs, prepare_job_dir
-from harmonaize.testbed.plugin import FAKE_NCCL, VERSION_ENV, Rank
+from testbed.plugin import FAKE_NCCL, VERSION_ENV, Rank
 
 JOB = "probe"
 COMM = 0x51DE0000000000C5

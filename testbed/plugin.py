@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ROOT / "native" / "build" / "libnccl-tuner-harmonaize.so"
 FAKE_NCCL = ROOT / "native" / "build" / "libnccl-fake.so"
 VERSION_ENV = "HZ_FAKE_NCCL_VERSION"

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
-from harmonaize.testbed.cluster import TEST_POOLS, wait_until
-from harmonaize.testbed.keyring import Keyring
-from harmonaize.testbed.netns import Lab
+from testbed.cluster import TEST_POOLS, wait_until
+from testbed.keyring import Keyring
+from testbed.netns import Lab
 
 CLIENT_PORT, ROUTE_PORT = 4222, 6222
 AGENT_PORT, FEED_PORT, GATEWAY_PORT = 7400, 7401, 7443
@@ -183,7 +183,7 @@ class Clustered:
         record = self.workdir / f"{host}.acked"
         names = list(replicas or self.replicas)
         endpoints = [f"tcp://{self.lab.addr(r)}:{AGENT_PORT}" for r in names]
-        self.lab.popen(host, [sys.executable, "-m", "harmonaize.testbed.probeagent",
+        self.lab.popen(host, [sys.executable, "-m", "testbed.probeagent",
                               "--host", host, "--pool", pool, "--job", job,
                               "--count", str(count), "--rate", str(rate),
                               "--first", str(first), "--step", str(step),
@@ -207,7 +207,7 @@ class Clustered:
         record = self.workdir / f"{host}.feed"
         names = list(replicas or self.replicas)
         endpoints = [f"tcp://{self.lab.addr(r)}:{FEED_PORT}" for r in names]
-        self.lab.popen(host, [sys.executable, "-m", "harmonaize.testbed.recorder",
+        self.lab.popen(host, [sys.executable, "-m", "testbed.recorder",
                               "--key", str(creds.key), "--server-key", str(creds.server_key),
                               "--record", str(record),
                               *[a for t in topics for a in ("--topic", t)],

@@ -3,7 +3,7 @@
 A controller, two GPU hosts and a tenant, each in its own network namespace on
 one bridge. The tenant watches its feed while hosts join, an operator looks at
 a host, one host's agent stops and comes back. Then a Slurm act
-(:mod:`harmonaize.testbed.demoslurm`): a job placed by Slurm alone, its GPU failing,
+(:mod:`testbed.demoslurm`): a job placed by Slurm alone, its GPU failing,
 the node drained in Slurm, the reset, the validation, the resume. Everything is torn
 down at the end, also on Ctrl-C or an error.
 """
@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harmonaize.testbed import demoslurm
-from harmonaize.testbed.cluster import TenantWatcher, TestCluster, Timeout, wait_until
-from harmonaize.testbed.narrate import capacity_is, indent, say, show_tenant
-from harmonaize.testbed.netns import Lab
-from harmonaize.testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
+from testbed import demoslurm
+from testbed.cluster import TenantWatcher, TestCluster, Timeout, wait_until
+from testbed.narrate import capacity_is, indent, say, show_tenant
+from testbed.netns import Lab
+from testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
 
 HOSTS = ["controller", "h1", "h2", "tenant"]
 #: The hosts' data links, watched by the links observer (eBPF where it works). The

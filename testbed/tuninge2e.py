@@ -35,10 +35,10 @@ from agent.tuning.policies import derive
 from agent.tuning.shm import PolicyFile, policy_path, read_policy, read_stats
 from harmonaize.messages import JobDeclaration
 from harmonaize.schema import from_plain
-from harmonaize.testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until
-from harmonaize.testbed.dropper import Dropper
-from harmonaize.testbed.netns import Lab
-from harmonaize.testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
+from testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until
+from testbed.dropper import Dropper
+from testbed.netns import Lab
+from testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
 
 HOSTS = ("h0", "h1", "h2")
 SPEED = 20  # Mb/s the agents are told their data link carries

@@ -59,7 +59,7 @@ from harmonaize.messages import (
     TuningReport,
     TuningResolve,
 )
-from harmonaize.testbed.plugin import Outcome, Rank
+from testbed.plugin import Outcome, Rank
 
 JOB = "campaign"
 CONTROLLER = "controller"

@@ -1,6 +1,6 @@
 """A stand-in GEMM burn test for the demo's simulated GPUs.
 
-    python -m harmonaize.testbed.burn GPU
+    python -m testbed.burn GPU
 
 Prints ``metric tflops VALUE`` as a burn test's wrapper would. The value comes
 from the fake GPU's state file (``HARMONAIZE_FAKE_NVML_STATE``, which the

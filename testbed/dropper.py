@@ -13,7 +13,7 @@ import contextlib
 import ctypes
 from pathlib import Path
 
-from harmonaize.testbed.netns import Lab
+from testbed.netns import Lab
 
 SOURCE = Path(__file__).resolve().parent / "bpf" / "drop.c"
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harmonaize.testbed.netns import Lab
+from testbed.netns import Lab
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-FILES = ("tests/bin/nccl_rank.py", "harmonaize/__init__.py", "harmonaize/testbed/__init__.py",
-         "harmonaize/testbed/plugin.py", "native/build/libnccl-tuner-harmonaize.so",
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ("tests/bin/nccl_rank.py", "harmonaize/__init__.py", "testbed/__init__.py",
+         "testbed/plugin.py", "native/build/libnccl-tuner-harmonaize.so",
          "native/build/libnccl-fake.so")
 
 Outcome = tuple[int, str, str, int]  # from index, algorithm, protocol, channels

@@ -1,7 +1,7 @@
 """The demo's Slurm act: a job placed by Slurm alone, its GPU failing, the node drained in
 Slurm with our reason, the GPU reset and validated, the node resumed.
 
-Real ``munged``, ``slurmctld`` and ``slurmd`` (:mod:`harmonaize.testbed.slurm`), the
+Real ``munged``, ``slurmctld`` and ``slurmd`` (:mod:`testbed.slurm`), the
 controller and one agent whose host id is the Slurm node's name, all on this machine's
 loopback: ``scontrol`` and the slurmd must reach slurmctld on 127.0.0.1, which the
 first act's namespaces cannot. ``harmonaize-slurm`` is Slurm's PrologSlurmctld and
@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harmonaize.testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until
-from harmonaize.testbed.narrate import indent, say, show_tenant
-from harmonaize.testbed.netns import Lab
-from harmonaize.testbed.slurm import SLURM_USER, SlurmCluster, missing
+from testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until
+from testbed.narrate import indent, say, show_tenant
+from testbed.netns import Lab
+from testbed.slurm import SLURM_USER, SlurmCluster, missing
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 TENANT = "acme"
 ACCOUNT = "physics"
 
@@ -112,7 +112,7 @@ def act(workdir: Path) -> None:
 
 def _story(cluster: TestCluster, slurm: SlurmCluster, node: str, base: Path) -> None:
     cluster.start_controller()
-    smi = f'["{sys.executable}", "-m", "harmonaize.testbed.fakesmi", "--gpu-reset", ' \
+    smi = f'["{sys.executable}", "-m", "testbed.fakesmi", "--gpu-reset", ' \
           '"-i", "{pci_bus_id}"]'
     cluster.start_agent(node, extra=(
         '[remediation]\nenabled = true\nmode = "act"\nmax_resets = 2\nreset_interval = 0\n'

@@ -1,12 +1,12 @@
 """A stand-in for ``nvidia-smi --gpu-reset`` that resets the fake NVML's GPUs.
 
-    python -m harmonaize.testbed.fakesmi --gpu-reset -i <index | PCI bus id | UUID>
+    python -m testbed.fakesmi --gpu-reset -i <index | PCI bus id | UUID>
 
 NVML has no public call that resets a GPU (its "Device Commands" reset clocks and ECC
 counts only; its drain-state calls remove and rediscover a GPU), so the agent runs an
 operator-configured command, by default ``nvidia-smi --gpu-reset -i <PCI bus id>``. This
 program keeps that command's contract on the fake GPUs of
-:mod:`harmonaize.testbed.fakegpu` (the state file named by ``HARMONAIZE_FAKE_NVML_STATE``):
+:mod:`testbed.fakegpu` (the state file named by ``HARMONAIZE_FAKE_NVML_STATE``):
 
 * root only: anyone else gets exit 4 (insufficient permissions), as nvidia-smi;
 * no state file: exit 9 (driver not loaded); an unknown GPU: exit 6;
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harmonaize.testbed.fakegpu import STATE_ENV
+from testbed.fakegpu import STATE_ENV
 
 #: The library's default PCI buses (native/fake_nvml/state.c), by index modulo 8.
 DEFAULT_BUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -72,7 +72,7 @@ def _record_reset(path: Path, values: dict[str, str], index: int) -> None:
               for key in VOLATILE]
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w") as out:
-        out.write("# GPU resets (harmonaize.testbed.fakesmi)\n" + "\n".join(lines) + "\n")
+        out.write("# GPU resets (testbed.fakesmi)\n" + "\n".join(lines) + "\n")
     os.chmod(tmp, 0o644)
     os.replace(tmp, target)
 

@@ -39,12 +39,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from harmonaize.testbed.cgroups import (
+from testbed.cgroups import (
     CGROUP_ROOT,  # noqa: F401 (callers read it here)
     CgroupLayout,
     host_layout,
 )
-from harmonaize.testbed.cluster import Timeout, wait_until
+from testbed.cluster import Timeout, wait_until
 
 SLURM_USER = "slurm"
 MUNGE_USER = "munge"

@@ -5,7 +5,7 @@ requested limit as the energy loop reads them (agent/gpu/power.py), and the enfo
 limit and the draw as the GPU observer samples them (agent/gpu/nvml.py), next to what
 ``nvidia-smi -q -x -d POWER`` says. Nothing is set: only NVML's getters are called.
 
-    python -m harmonaize.testbed.powercheck [--json FILE]
+    python -m testbed.powercheck [--json FILE]
 
 Exit status 0 when every value agrees (limits to within 1 W, the draw, read at another
 moment, to within 10% or 15 W), 1 when one does not, 2 when it cannot run.

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize.opsocket import CommandError, request
-from harmonaize.testbed.fakegpu import STATE_ENV, FakeNvml, library_path
-from harmonaize.testbed.keyring import Keyring
-from harmonaize.testbed.netns import Lab
+from testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from testbed.keyring import Keyring
+from testbed.netns import Lab
 
 AGENT_PORT = 7400
 FEED_PORT = 7401
@@ -170,7 +170,7 @@ class TestCluster:
             # A burn test with this GPU class's baseline, as an operator would configure.
             validation = (
                 "[validation]\nnotice_lead = 2\n[[validation.commands]]\nname = \"burn\"\n"
-                f'command = ["{sys.executable}", "-m", "harmonaize.testbed.burn", "{{gpu}}"]\n'
+                f'command = ["{sys.executable}", "-m", "testbed.burn", "{{gpu}}"]\n'
                 'parser = "metrics"\nbudget = 30\nbaselines = { tflops = 989 }\n'
             )
         cfg.write_text(

@@ -40,7 +40,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 HYBRID_UNIFIED = CGROUP_ROOT / "unified"
 FORCE_ENV = "HARMONAIZE_SLURM_CGROUP"
 # Built by ./scripts/setup (make -C native).
-UNIFIED_VIEW = Path(__file__).resolve().parents[2] / "native" / "build" / \
+UNIFIED_VIEW = Path(__file__).resolve().parents[1] / "native" / "build" / \
     "libhz-unified-cgroup-view.so"
 
 Version = Literal["v1", "v2"]

@@ -27,7 +27,7 @@ slows along the curve documented in native/fake_nvml/power.c (clocks, draw, and 
 throughput `throughput` reads). ``power_settable = 0`` refuses the call with
 NVML_ERROR_NO_PERMISSION, ``power_ignores = 1`` accepts it and changes nothing.
 
-GPU resets: :mod:`harmonaize.testbed.fakesmi` stands in for ``nvidia-smi --gpu-reset`` with
+GPU resets: :mod:`testbed.fakesmi` stands in for ``nvidia-smi --gpu-reset`` with
 its preconditions and errors; ``reset_error = N`` (ignored by the library) makes it fail
 with exit N. A reset it does is kept in ``<state>.reset``, from which the library counts
 the GPU's volatile ECC counters again from zero.
@@ -75,7 +75,7 @@ MAX_LINKS = 18
 # A value of None removes the key, which puts it back to the library's default.
 Value = int | str | Mapping[int, int] | None
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def library_dir() -> Path:
@@ -109,9 +109,13 @@ def environment(state_path: str | os.PathLike[str]) -> dict[str, str]:
     """Variables a subprocess needs to load the fake; merge them into os.environ."""
     lib_dir = str(_built_library().parent)
     inherited = os.environ.get("LD_LIBRARY_PATH")
+    # The harness is not installed: a subprocess that runs one of its modules (the fake
+    # nvidia-smi, the burn check) finds it through PYTHONPATH.
+    path = os.environ.get("PYTHONPATH")
     return {
         STATE_ENV: str(Path(state_path).absolute()),
         "LD_LIBRARY_PATH": f"{lib_dir}:{inherited}" if inherited else lib_dir,
+        "PYTHONPATH": f"{_ROOT}:{path}" if path else str(_ROOT),
     }
 
 
@@ -226,7 +230,7 @@ class FakeNvml:
         self.settings_path.unlink(missing_ok=True)
 
     def render(self) -> str:
-        lines = ["# Written by harmonaize.testbed.fakegpu for native/fake_nvml."]
+        lines = ["# Written by testbed.fakegpu for native/fake_nvml."]
         lines += [f"{key} = {value}" for key, value in sorted(self._system.items())]
         for gpu in range(max(self.gpus, max(self._gpus, default=-1) + 1)):
             values = {"name": self._name, **self._gpus.get(gpu, {})}
