@@ -1,6 +1,6 @@
 """The agent's daemon shell: reads observers, steps the engines, applies, serves.
 
-All decisions live in the domains' sans-I/O engines (:mod:`agent.host.health`, which
+All decisions live in the domains' sans-I/O engines (:mod:`agent.step`, which
 steps the GPU and link engines, the tuning loop, validation's planner) and
 :mod:`agent.outbox`; each domain's operator commands live in its ``commands``
 module. This module owns the clock, the sockets, signals and systemd notification.
@@ -30,11 +30,10 @@ from agent import config as agent_config
 from agent import selfmetrics
 from agent.config import AgentConfig
 from agent.declarations import Declarations
+from agent.energy.service import EnergyService
 from agent.gpu import commands as gpu_commands
-from agent.gpu.energyservice import EnergyService
 from agent.gpu.health import GpuState
 from agent.host import commands as host_commands
-from agent.host.health import HealthStep, HostHealthEngine, Republisher
 from agent.links import commands as link_commands
 from agent.observations import Observations
 from agent.observers import ObserverSet
@@ -43,6 +42,7 @@ from agent.rdma.service import RdmaCcService
 from agent.remediation import commands as remediation_commands
 from agent.remediation.service import RemediationService
 from agent.spool import Spool
+from agent.step import HealthStep, HostHealthEngine, Republisher
 from agent.tuning import commands as tuning_commands
 from agent.tuning.service import TuningService
 from agent.uplink import Uplink

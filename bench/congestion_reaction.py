@@ -52,7 +52,7 @@ def gate(lab: Lab, rate: str) -> None:
 def policy_choice(path: Path) -> int | None:
     """The ruleset the communicator follows after its switching point (None: NCCL's),
     armed or confirmed (for one host both are written in the same pass)."""
-    from agent.tuning.shm import read_policy  # noqa: PLC0415
+    from agent.plugin.shm import read_policy  # noqa: PLC0415
 
     try:
         entry = read_policy(path).entry(COMM)
@@ -99,7 +99,7 @@ def main() -> int:
         time.sleep(0.3)
         lab.popen("b", ["iperf3", "-c", lab.addr("a"), "-p", "5301", "-u", "-b", "200M",
                         "-t", "3600", "-l", "1400"], log=work / "iperf-client.log")
-        from agent.tuning.shm import policy_path  # noqa: PLC0415
+        from agent.plugin.shm import policy_path  # noqa: PLC0415
 
         path = policy_path(tuner, JOB)
         intervals = []

@@ -59,8 +59,8 @@ static __always_inline int hz_count(struct __sk_buff *skb, u32 dir, u32 slot, u3
 
 def hold(interface: str, bpf_dir: str) -> None:
     """Inside a namespace: load the programs, then attach, detach and report on command."""
+    from agent.kernel.sysfs import list_devices  # noqa: PLC0415
     from agent.links.datapath import LinkDatapath  # noqa: PLC0415
-    from agent.links.sysfs import list_devices  # noqa: PLC0415
 
     datapath = LinkDatapath(Path(bpf_dir), tracepoints=False)
     datapath.load([d for d in list_devices() if d.name == interface])

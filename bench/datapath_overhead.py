@@ -35,8 +35,8 @@ from testbed.netns import Lab  # noqa: E402
 
 def hold_ebpf(interface: str) -> None:
     """Inside a namespace: attach our programs to ``interface`` until SIGTERM."""
+    from agent.kernel.sysfs import list_devices  # noqa: PLC0415
     from agent.links.datapath import LinkDatapath  # noqa: PLC0415
-    from agent.links.sysfs import list_devices  # noqa: PLC0415
 
     datapath = LinkDatapath()
     datapath.load([d for d in list_devices() if d.name == interface])

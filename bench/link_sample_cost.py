@@ -25,8 +25,8 @@ from testbed.netns import Lab  # noqa: E402
 
 def inner(samples: int, idle_first: bool = True) -> None:
     """Inside the namespace: start the observer, sample, print per-pass CPU time."""
-    from agent.config import LinkMode, LinksSection  # noqa: PLC0415
     from agent.links.observer import LinksObserver  # noqa: PLC0415
+    from agent.links.settings import LinkMode, LinksSection  # noqa: PLC0415
 
     observer = LinksObserver(LinksSection(include=("eth0", "x*"), mode=LinkMode.EBPF,
                                           speeds={"eth0": 10000}))

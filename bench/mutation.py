@@ -32,7 +32,7 @@ MODULES = {
     "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
-    "agent/gpu/energy.py": ["tests/test_energy_loop.py"],
+    "agent/energy/engine.py": ["tests/test_energy_loop.py"],
     "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/reasons.py": ["tests/test_scheduler_engine.py"],
@@ -42,7 +42,7 @@ MODULES = {
         "tests/test_scheduler_remediation_engine.py",
         "tests/test_scheduler_fake_reset.py::test_no_reset_outside_the_rate_limits_or_of_a_gpu_in_use"],
     # Not sans-I/O: the one module that touches tenant-writable directories (real files).
-    "agent/tuning/hostilefs.py": ["tests/test_hardening_files.py"],
+    "agent/plugin/hostilefs.py": ["tests/test_hardening_files.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agent.tuning.layout import (
+from agent.plugin.layout import (
     FLAG_MAPPED,
     STATS_HEADER,
     STATS_HEADER_SIZE,

@@ -297,7 +297,7 @@ class HostSummary(Message):
     gpus: GpuCounts = GpuCounts()
     conditions: Conditions = ()
     links: Annotated[tuple[LinkHealth, ...], Len(16)] = ()
-    #: Jobs here that declared a slowdown for energy (agent/gpu/energy.py).
+    #: Jobs here that declared a slowdown for energy (agent/energy/engine.py).
     energy: Annotated[tuple[JobEnergy, ...], Len(64)] = ()
     #: Why the host should get no new work (empty: it may), for the scheduler.
     holds: Annotated[tuple[Hold, ...], Len(64)] = ()

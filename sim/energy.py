@@ -15,7 +15,7 @@ whatever the limit) count as equal to the default limit's. Between two measured
 limits (sentiment140 was measured every 50 W) the relation is taken as linear.
 
 **What a tenant's slack buys** is decided by the agent's own energy loop
-(agent/gpu/energy.py) with its default settings, one step being one measured point
+(agent/energy/engine.py) with its default settings, one step being one measured point
 (25 W), run against each workload's curve in simulated time (:func:`plan`). Its
 progress signal is the workload's measured throughput, with the scatter the
 measurements have. From its trajectory over :data:`HORIZON` seconds come the time
@@ -40,8 +40,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from agent.config import EnergySection
-from agent.gpu.energy import (
+from agent.energy.engine import (
     EnergyGpu,
     EnergyLoop,
     EnergyObservation,
@@ -51,6 +50,7 @@ from agent.gpu.energy import (
     ReadPower,
     SetLimit,
 )
+from agent.energy.settings import EnergySection
 from harmonaize.messages import EnergyAllowance
 from harmonaize.tables import table
 from sim.engine import RunResult, Simulation

@@ -1,7 +1,7 @@
 """Read-only check on a GPU machine: our NVML wrapper's power readings against nvidia-smi.
 
 For every GPU: the power-management constraints (min, max), the default limit and the
-requested limit as the energy loop reads them (agent/gpu/power.py), and the enforced
+requested limit as the energy loop reads them (agent/energy/power.py), and the enforced
 limit and the draw as the GPU observer samples them (agent/gpu/nvml.py), next to what
 ``nvidia-smi -q -x -d POWER`` says. Nothing is set: only NVML's getters are called.
 
@@ -23,8 +23,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from agent.energy.power import Originals, PowerControl
 from agent.gpu.nvml import Nvml, NvmlUnavailable
-from agent.gpu.power import Originals, PowerControl
 from harmonaize.tables import table
 
 LIMIT_TOLERANCE_W = 1.0

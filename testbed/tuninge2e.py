@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.plugin.shm import PolicyFile, policy_path, read_policy, read_stats
 from agent.tuning.loop import Entry, build_policy
 from agent.tuning.policies import derive
-from agent.tuning.shm import PolicyFile, policy_path, read_policy, read_stats
 from harmonaize.messages import JobDeclaration
 from harmonaize.schema import from_plain
 from testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until

@@ -40,12 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import LinksSection, TuningSection
 from agent.links.health import LinkJudgement, judge, views
+from agent.links.settings import LinksSection
 from agent.links.types import LinkRates, LinkSample
 from agent.observations import Observations
+from agent.plugin.shm import policy_path, prepare_dirs
 from agent.tuning.service import TuningService
-from agent.tuning.shm import policy_path, prepare_dirs
+from agent.tuning.settings import TuningSection
 from controller.agreement import Agreement, AgreementSettings
 from harmonaize.messages import (
     Algorithm,

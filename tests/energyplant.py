@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.gpu.energy import (
+from agent.energy.engine import (
     Action,
     EnergyGpu,
     EnergyLoop,
@@ -20,7 +20,7 @@ from agent.gpu.energy import (
     ReadPower,
     SetLimit,
 )
-from agent.tuning.layout import (
+from agent.plugin.layout import (
     FLAG_MAPPED,
     STATS_HEADER,
     STATS_HEADER_SIZE,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tuning.shm import policy_path, read_policy
+from agent.plugin.shm import policy_path, read_policy
 from testbed.cluster import TestCluster
 from testbed.natscluster import AGENT_PORT, Clustered, wait_for
 from tests.conftest import needs_root

@@ -9,15 +9,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent.config import EnergySection
-from agent.gpu.energy import (
-    EnergyLoop,
-    Phase,
-    RankProgress,
-    SetLimit,
-    progress_of,
-)
-from agent.tuning.layout import StatsSlot
+from agent.energy.engine import EnergyLoop, Phase, RankProgress, SetLimit, progress_of
+from agent.energy.settings import EnergySection
+from agent.plugin.layout import StatsSlot
 from harmonaize.messages import EnergyAllowance
 from tests.energyplant import Plant, PlantGpu
 

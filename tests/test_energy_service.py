@@ -23,10 +23,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.config import EnergySection
-from agent.gpu.energyservice import ENERGY_FILE, EnergyService
+from agent.energy.service import ENERGY_FILE, EnergyService
+from agent.energy.settings import EnergySection
 from agent.gpu.types import GpuIdentity, GpuProcess, GpuSample, GpuSnapshot, GpuTelemetry, JobRef
-from agent.tuning.shm import prepare_dirs, prepare_job_dir
+from agent.plugin.shm import prepare_dirs, prepare_job_dir
 from harmonaize.messages import EnergyAllowance, JobDeclaration
 from testbed import fakegpu
 from testbed.fakegpu import FakeNvml

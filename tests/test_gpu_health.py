@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from agent.config import GpuObserverSection
 from agent.gpu.actions import Action
 from agent.gpu.health import GpuHealthEngine, GpuState
 from agent.gpu.nvml import FIELDS, VERSIONS
 from agent.gpu.observer import SAMPLES
+from agent.gpu.settings import GpuObserverSection
 from agent.gpu.types import (
     XID_EVENT,
     GpuCounters,

@@ -36,13 +36,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agent.config import LinksSection, TuningSection
+from agent.links.settings import LinksSection
 from agent.observations import Observations
-from agent.tuning.hostilefs import HeldDir, Refused, describe
-from agent.tuning.layout import POLICY_SIZE, Policy, encode_policy
+from agent.plugin.hostilefs import HeldDir, Refused, describe
+from agent.plugin.layout import POLICY_SIZE, Policy, encode_policy
+from agent.plugin.shm import job_dir, prepare_dirs, prepare_job_dir, read_stats
 from agent.tuning.loop import WritePolicy
 from agent.tuning.service import TuningService
-from agent.tuning.shm import job_dir, prepare_dirs, prepare_job_dir, read_stats
+from agent.tuning.settings import TuningSection
 from harmonaize.messages import Algorithm, Collective, JobDeclaration, Protocol, TuningRange
 from testbed.tuningsim import link_judgements, link_sample
 from tests.conftest import needs_root
@@ -308,7 +309,7 @@ def test_item1_held_directories_refuse_symlinks_fifos_devices_and_hard_links(
         HeldDir.open(workdir / "dirlink")
 
 
-# ---- The architecture: only agent/tuning/hostilefs.py touches the policy directory. ----
+# ---- The architecture: only agent/plugin/hostilefs.py touches the policy directory. ----
 
 #: Functions of os, os.path and shutil that take a path by name (those on descriptors,
 #: os.fstat, os.pread, os.close, are fine: a descriptor is what hostilefs hands out).
@@ -326,13 +327,13 @@ PATH_METHODS = frozenset({
     "is_socket", "touch", "symlink_to", "hardlink_to", "link_to", "rename", "samefile",
     "readlink"})
 #: The one module allowed to, and the receiver through which others use it.
-ALLOWED_MODULE = "agent/tuning/hostilefs.py"
+ALLOWED_MODULE = "agent/plugin/hostilefs.py"
 ALLOWED_RECEIVERS = frozenset({"HeldDir"})
 #: Traffic control: its one path is the BPF source shipped with the agent (checked below
 #: to know nothing of the policy directory).
 NOT_NEAR = frozenset({"agent/tuning/htb.py"})
 #: What a module imports to reach the policy directory's files.
-FILE_CODE = frozenset({"agent.tuning.shm", "agent.tuning.hostilefs"})
+FILE_CODE = frozenset({"agent.plugin.shm", "agent.plugin.hostilefs"})
 FILE_NAMES = frozenset({"shm", "hostilefs", "PolicyFile", "read_policy", "read_stats"})
 
 
@@ -396,11 +397,11 @@ def modules_near_the_policy_directory() -> list[Path]:
 def test_item1_no_agent_code_but_hostilefs_touches_a_tenant_writable_directory() -> None:
     modules = modules_near_the_policy_directory()
     names = {str(path.relative_to(ROOT)) for path in modules}
-    assert {"agent/tuning/shm.py", "agent/tuning/service.py",
-            "agent/gpu/energyservice.py"} <= names
+    assert {"agent/plugin/shm.py", "agent/tuning/service.py",
+            "agent/energy/service.py"} <= names
     offenders = {str(path.relative_to(ROOT)): calls for path in modules
                  if (calls := raw_path_calls(path.read_text()))}
-    assert offenders == {}, "only agent/tuning/hostilefs.py may touch these paths"
+    assert offenders == {}, "only agent/plugin/hostilefs.py may touch these paths"
     for exempt in NOT_NEAR:
         text = (ROOT / exempt).read_text()
         assert not _reaches_file_code(ast.parse(text)) and "policy" not in text
@@ -509,7 +510,7 @@ def test_item1_files_are_made_whole_under_fresh_names_with_the_directorys_group(
 def test_item1_temporary_names_are_drawn_afresh_and_never_reused(
         workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted temporary name (even one drawn) makes the next draw, never an open of it."""
-    from agent.tuning import hostilefs  # noqa: PLC0415
+    from agent.plugin import hostilefs  # noqa: PLC0415
 
     draws = iter(["aaaa", "bbbb"] + ["cccc"] * 20)
     monkeypatch.setattr(hostilefs.secrets, "token_hex", lambda n: next(draws))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import LinksSection, TuningSection
+from agent.links.settings import LinksSection
 from agent.observations import Observations
-from agent.tuning.layout import (
+from agent.plugin.layout import (
     FLAG_MAPPED,
     STATS_HEADER,
     STATS_HEADER_SIZE,
@@ -30,8 +30,9 @@ from agent.tuning.layout import (
     STATS_SLOTS,
     STATS_VERSION,
 )
+from agent.plugin.shm import StatsLimits, StatsReader, prepare_dirs, prepare_job_dir
 from agent.tuning.service import TuningService
-from agent.tuning.shm import StatsLimits, StatsReader, prepare_dirs, prepare_job_dir
+from agent.tuning.settings import TuningSection
 from harmonaize.messages import Algorithm, Collective, JobDeclaration, Protocol, TuningRange
 from testbed.tuningsim import link_judgements, link_sample
 from tests.conftest import needs_root

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import HostObserverSection, ObserversSection
-from agent.host.health import ConditionTracker, Finding, HostHealthEngine, Republisher, health_of
+from agent.config import ObserversSection
+from agent.host.settings import HostObserverSection
 from agent.host.types import HostSample
 from agent.observations import Observations
+from agent.step import ConditionTracker, Finding, HostHealthEngine, Republisher, health_of
 from harmonaize.messages import Condition, Health, Severity, Status
 
 pytestmark = pytest.mark.foundation

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.links.sysfs import DevCounters, parse_proc_net_dev
+from agent.kernel.sysfs import DevCounters, parse_proc_net_dev
 from testbed.dropper import Dropper
 from testbed.netns import Lab
 from tests.conftest import free_port, needs_root, python

@@ -6,11 +6,7 @@ import struct
 
 import pytest
 
-from agent.config import LinksSection
-from agent.links.counting import Accumulator, EgressLedger, LinkAccount, delta32
-from agent.links.datapath import dscp_map, dscp_words, programs
-from agent.links.observer import LinksObserver
-from agent.links.qdisc import (
+from agent.kernel.qdisc import (
     NLMSG_DONE,
     RTM_NEWQDISC,
     TC_H_CLSACT,
@@ -19,7 +15,11 @@ from agent.links.qdisc import (
     QdiscCounters,
     parse_dump,
 )
-from agent.links.sysfs import DevCounters, NetDevice
+from agent.kernel.sysfs import DevCounters, NetDevice
+from agent.links.counting import Accumulator, EgressLedger, LinkAccount, delta32
+from agent.links.datapath import dscp_map, dscp_words, programs
+from agent.links.observer import LinksObserver
+from agent.links.settings import LinksSection
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.links

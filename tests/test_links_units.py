@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import LinksSection, RdmaSection
+from agent.kernel.sysfs import NetDevice, parse_proc_net_dev, parse_snmp
+from agent.kernel.tracefs import parse_format
 from agent.links.health import LevelHold, LinkHealthEngine, LinkView, congestion_of, errors_of
 from agent.links.observer import select
-from agent.links.sysfs import NetDevice, parse_proc_net_dev, parse_snmp
-from agent.links.tracefs import parse_format
+from agent.links.settings import LinksSection
 from agent.observers.base import FeatureAbsent
 from agent.rdma.observer import RdmaObserver, counter_delta
+from agent.rdma.settings import RdmaSection
 from harmonaize.messages import Level
 from tests.conftest import FIXTURES
 

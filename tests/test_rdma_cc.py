@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config import CcDeviceSection, RdmaCcSection, Switch
 from agent.rdma.cc import CcLoop, CcObservations, DeviceSettings, level_value, position
 from agent.rdma.ccparams import PARAMS, STEERED, enable_knob
+from agent.rdma.settings import CcDeviceSection, RdmaCcSection, Switch
 from agent.rdma.types import RdmaPortRates, RdmaSample, RdmaTotals
 
 pytestmark = pytest.mark.rdma

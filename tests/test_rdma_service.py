@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import CcDeviceSection, CcLayout, RdmaCcSection, RdmaSection, Switch
 from agent.observations import Observations
 from agent.rdma import knobs
 from agent.rdma.observer import RdmaObserver
 from agent.rdma.originals import Original, Originals, OriginalsError
 from agent.rdma.service import ORIGINALS_FILE, RdmaCcService
+from agent.rdma.settings import CcDeviceSection, CcLayout, RdmaCcSection, RdmaSection, Switch
 from tests.conftest import FIXTURES, free_port, python
 from tests.daemons import NO_LINKS, start_agent, wait_until
 from tests.test_ops_metrics import check_conventions, scrape, value

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.config import GpuObserverSection, LinksSection
 from agent.gpu.health import FULL_EVALUATION, GpuHealthEngine, _Gpu
+from agent.gpu.settings import GpuObserverSection
 from agent.gpu.types import XID_EVENT, GpuSample, JobRef, NvmlEvent
 from agent.links.health import LevelHold, LinkHealthEngine, LinkView
+from agent.links.settings import LinksSection
 from harmonaize.messages import Level
 from tests.test_gpu_health import SAMPLES, counters, sample, telemetry
 

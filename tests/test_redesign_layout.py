@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The sans-I/O engines: decisions from inputs and an explicit ``now``.
 ENGINES = (
-    "agent.host.health", "agent.host.rules", "agent.gpu.health", "agent.gpu.energy",
+    "agent.step", "agent.host.rules", "agent.gpu.health", "agent.energy.engine",
     "agent.links.health",
-    "agent.tuning.loop", "agent.tuning.policies", "agent.tuning.layout",
+    "agent.tuning.loop", "agent.tuning.policies", "agent.plugin.layout",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
     "agent.rdma.cc", "agent.rdma.ccparams",
     "agent.remediation.engine", "agent.remediation.types",
@@ -39,10 +39,12 @@ IO_MODULES = frozenset({
 CLOCKS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"),
           ("time", "time_ns"), ("time", "monotonic_ns"), ("datetime", "now")}
 
-DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation")
+DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy")
+#: Layers every domain may use: the kernel's interfaces, the tuner plugin's files.
+LAYERS = ("kernel", "plugin")
 #: The agent's top level besides the domains: the shell and a few shared modules.
 SHARED = {"__init__", "main", "daemon", "config", "observations", "conditions",
-          "declarations", "outbox", "uplink", "spool", "selfmetrics"}
+          "declarations", "outbox", "uplink", "spool", "selfmetrics", "step"}
 
 
 def source(module: str) -> Path | None:
@@ -112,7 +114,7 @@ def test_an_engine_reads_no_clock(engine: str) -> None:
 
 def test_the_checks_see_an_io_import_and_a_clock() -> None:
     """The checks above would fail for a module that does what engines must not."""
-    _, outside = closure("agent.tuning.shm")
+    _, outside = closure("agent.plugin.shm")
     assert {"mmap", "fcntl", "os"} <= outside
     _, outside = closure("agent.daemon")
     assert {"asyncio", "zmq"} <= outside
@@ -122,7 +124,7 @@ def test_the_agents_top_level_is_domains_the_shell_and_a_few_shared_modules() ->
     top = ROOT / "agent"
     packages = {p.name for p in top.iterdir() if (p / "__init__.py").exists()}
     modules = {p.stem for p in top.glob("*.py")}
-    assert packages == {*DOMAINS, "observers"}, packages
+    assert packages == {*DOMAINS, *LAYERS, "observers"}, packages
     assert modules == SHARED, modules ^ SHARED
     # The observer framework holds no observer of its own: each is in its domain.
     assert {p.stem for p in (top / "observers").glob("*.py")} == {"__init__", "base"}
@@ -131,6 +133,8 @@ def test_the_agents_top_level_is_domains_the_shell_and_a_few_shared_modules() ->
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_each_domain_with_commands_holds_them_and_the_daemon_only_wires_them(
         domain: str) -> None:
+    if domain == "energy":  # no operator command of its own: harmonctl reads its metrics
+        return
     assert source(f"agent.{domain}.commands"), domain
     daemon = (ROOT / "agent/daemon.py").read_text()
     assert f"{domain}_commands.commands(self" in daemon or (

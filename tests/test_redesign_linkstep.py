@@ -12,11 +12,12 @@ import dataclasses
 
 import pytest
 
-from agent.config import LinksSection, ObserversSection
-from agent.host.health import HostHealthEngine
+from agent.config import ObserversSection
 from agent.links.health import LinkView, judge
+from agent.links.settings import LinksSection
 from agent.links.types import LinkRates, LinkSample
 from agent.observations import Observations
+from agent.step import HostHealthEngine
 from agent.tuning.loop import LoopSettings, TuningLoop
 from harmonaize.messages import Level
 

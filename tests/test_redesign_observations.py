@@ -37,8 +37,8 @@ def test_a_sample_of_the_wrong_kind_or_observer_is_a_programming_error() -> None
 def test_the_gpu_engine_judges_by_numbers_not_by_objects() -> None:
     import copy  # noqa: PLC0415
 
-    from agent.config import GpuObserverSection  # noqa: PLC0415
     from agent.gpu.health import GpuHealthEngine  # noqa: PLC0415
+    from agent.gpu.settings import GpuObserverSection  # noqa: PLC0415
     from agent.gpu.types import XID_EVENT, GpuSample, NvmlEvent  # noqa: PLC0415
     from tests.test_gpu_health import sample  # noqa: PLC0415
 

@@ -14,17 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import (
-    GpuObserverSection,
-    HostObserverSection,
-    LinksSection,
-    ObserversSection,
-    changes,
-)
+from agent.config import ObserversSection, changes
 from agent.gpu.health import GpuState
-from agent.host.health import HostHealthEngine
+from agent.gpu.settings import GpuObserverSection
+from agent.host.settings import HostObserverSection
 from agent.links.health import LinkHealthEngine, LinkView
+from agent.links.settings import LinksSection
 from agent.observations import Observations
+from agent.step import HostHealthEngine
 from harmonaize.messages import Level
 from tests.conftest import needs_root
 from tests.daemons import NO_LINKS, gpu_section, start_agent

@@ -6,7 +6,7 @@ import pytest
 
 from agent.gpu.actions import Action
 from agent.gpu.health import GpuState, GpuView
-from agent.host.health import holds_of
+from agent.step import holds_of
 from harmonaize.messages import (
     Condition,
     Health,

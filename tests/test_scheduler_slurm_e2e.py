@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import SLURM_JOB_CGROUP
 from agent.gpu.jobs import job_from_cgroup
+from agent.gpu.settings import SLURM_JOB_CGROUP
 from harmonaize.messages import JobAdvisory
 from testbed.slurm import SlurmCluster
 from tests.conftest import Spawn

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import SLURM_JOB_CGROUP
 from agent.gpu.jobs import JobResolver
+from agent.gpu.settings import SLURM_JOB_CGROUP
 from agent.gpu.types import JobRef
 from testbed import cgroups
 from testbed import slurm as testbed

@@ -3,7 +3,7 @@
 Each test loads ``libnccl-tuner-harmonaize.so``, calls the exported
 ``ncclTunerPlugin_vN`` structs' function pointers the way NCCL does (a
 contiguous ``float[numAlgo][numProto]`` cast to ``float**``), and checks the
-result against explicit expectations and against ``agent.tuning.shm``'s
+result against explicit expectations and against ``agent.plugin.shm``'s
 reference of the same semantics: :func:`apply` for the cost table and
 :func:`evaluate` for which copy of its entry a context follows.
 """
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.tuning.layout import (
+from agent.plugin.layout import (
     CHECKSUM_OFFSET,
     POLICY_SIZE,
     RULESETS_OFFSET,
@@ -54,7 +54,7 @@ from agent.tuning.layout import (
     ruleset_hash,
     validate_job,
 )
-from agent.tuning.shm import (
+from agent.plugin.shm import (
     PolicyFile,
     job_dir,
     policy_path,

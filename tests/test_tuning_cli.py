@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tuning import nextlaunch
-from agent.tuning.loop import Entry, build_policy
-from agent.tuning.policies import derive
-from agent.tuning.shm import (
+from agent.plugin.shm import (
     PolicyFile,
     launch_path,
     policy_path,
@@ -19,6 +16,9 @@ from agent.tuning.shm import (
     prepare_job_dir,
     read_policy,
 )
+from agent.tuning import nextlaunch
+from agent.tuning.loop import Entry, build_policy
+from agent.tuning.policies import derive
 from harmonaize.messages import JobDeclaration
 from harmonaize.schema import from_plain
 from tests.conftest import python

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import LinksSection, TuningSection
+from agent.links.settings import LinksSection
 from agent.observations import Observations
+from agent.plugin.shm import job_dir, policy_path, read_stats
 from agent.tuning.service import TuningService
-from agent.tuning.shm import job_dir, policy_path, read_stats
+from agent.tuning.settings import TuningSection
 from harmonaize.messages import (
     Algorithm,
     Collective,

@@ -1,6 +1,6 @@
 """The sans-I/O tuning loop: arm, verify, confirm; hysteresis, rate limits, restarts.
 
-Ranks are reference contexts (``agent.tuning.layout.ReferenceContext``: the
+Ranks are reference contexts (``agent.plugin.layout.ReferenceContext``: the
 plugin's rule for taking a copy, in Python), wired to the loop as the
 service wires the plugin: every policy the loop writes is seen by every rank
 at its next collective, and the loop reads their records back.
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.config import LinksSection
 from agent.links.health import LinkJudgement, LinkView, judge
-from agent.tuning.layout import Policy, ReferenceContext, StatsSlot, ruleset_hash
+from agent.links.settings import LinksSection
+from agent.plugin.layout import Policy, ReferenceContext, StatsSlot, ruleset_hash
 from agent.tuning.loop import (
     Action,
     LoopSettings,

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.layout import MAX_COMMS, MAX_RULESETS, Policy
+from agent.plugin.layout import MAX_COMMS, MAX_RULESETS, Policy
 from agent.tuning.loop import (
     HISTORY,
     CommState,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tuning.shm import policy_path, read_policy
+from agent.plugin.shm import policy_path, read_policy
 from testbed.cluster import TestCluster
 from tests.conftest import ROOT, needs_root
 

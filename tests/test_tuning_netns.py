@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.plugin.shm import policy_path, read_policy
 from agent.tuning.policies import derive
-from agent.tuning.shm import policy_path, read_policy
 from harmonaize.messages import JobDeclaration
 from harmonaize.schema import from_plain
 from testbed.netns import Lab

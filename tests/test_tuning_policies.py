@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.plugin.layout import Algo, Coll, Proto, apply, decode_policy, encode_policy
 from agent.tuning import nextlaunch
-from agent.tuning.layout import Algo, Coll, Proto, apply, decode_policy, encode_policy
 from agent.tuning.loop import Entry, build_policy
 from agent.tuning.policies import (
     BANDWIDTH_BOUND,

@@ -12,9 +12,9 @@ from harmonaize.opsocket import Command
 from harmonaize.schema import to_plain
 
 if TYPE_CHECKING:
-    from agent.gpu.energyservice import EnergyService
-    from agent.host.health import HealthStep
+    from agent.energy.service import EnergyService
     from agent.observers.base import ObserverSet
+    from agent.step import HealthStep
 
 
 class Shell(Protocol):

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from agent.conditions import ConditionTracker, Finding
-from agent.config import GpuObserverSection
 from agent.gpu.actions import RECOVERY_ACTIONS, Action, worst
+from agent.gpu.settings import GpuObserverSection
 from agent.gpu.types import XID_EVENT, GpuCounters, GpuSample, GpuSnapshot, GpuTelemetry, JobRef
 from agent.gpu.xid import Effect, Reason, lookup
 from harmonaize.messages import (

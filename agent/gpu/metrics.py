@@ -10,7 +10,7 @@ from harmonaize.messages import HostSummary
 from harmonaize.metrics import Family, counter, gauge
 
 if TYPE_CHECKING:
-    from agent.gpu.energyservice import EnergyService
+    from agent.energy.service import EnergyService
 
 
 def families(prefix: str, summary: HostSummary | None, advisories_sent: int) -> list[Family]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from agent.config import AgentConfig, GpuObserverSection
+from agent.config import AgentConfig
 from agent.gpu.jobs import JobResolver
 from agent.gpu.nvml import Nvml, NvmlUnavailable, preload
+from agent.gpu.settings import GpuObserverSection
 from agent.gpu.types import GpuSample, JobRef, gpu_class_of
 from agent.observers.base import FeatureAbsent, Observer, register
 

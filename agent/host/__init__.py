@@ -1,3 +1,2 @@
-"""The host domain: CPU and memory (observer, types), the host's own rules, the
-engine that steps the GPU and link engines and tracks conditions, and the
+"""The host domain: CPU and memory (observer, types), the host's own rules, and the
 operator's drain commands."""

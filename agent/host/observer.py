@@ -14,7 +14,7 @@ import psutil
 
 from agent.config import AgentConfig
 from agent.host.types import HostSample
-from agent.links.sysfs import ProcFile
+from agent.kernel.sysfs import ProcFile
 from agent.observers.base import Observer, register
 
 

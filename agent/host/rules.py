@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from agent.conditions import Finding
-from agent.config import HostObserverSection
+from agent.host.settings import HostObserverSection
 from agent.host.types import HostSample
 from harmonaize.messages import Severity
 

@@ -10,9 +10,9 @@ from harmonaize.opsocket import Command
 from harmonaize.schema import to_plain
 
 if TYPE_CHECKING:
-    from agent.host.health import HealthStep
     from agent.observations import Observations
     from agent.observers.base import ObserverSet
+    from agent.step import HealthStep
 
 
 class Shell(Protocol):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.kernel.qdisc import PASS_THROUGH, InterfaceQdiscs, QdiscCounters
+from agent.kernel.sysfs import DevCounters
 from agent.links.datapath import BYTES, CE, CLASSES, ECT, EGRESS, INGRESS, PACKETS, Counters
-from agent.links.qdisc import PASS_THROUGH, InterfaceQdiscs, QdiscCounters
-from agent.links.sysfs import DevCounters
 from agent.links.types import ClassRates, LinkTotals
 
 U32 = 1 << 32

@@ -5,7 +5,7 @@ tracefs mounted, tracepoints and their fields); every failure becomes one
 clear sentence in :class:`BpfUnavailable`, and the link observer falls back
 to /proc counters. Tracepoint offsets come from tracefs and reach the C as
 cflags; interfaces and DSCP classes reach it through a map. bcc compiles in a
-child process (:mod:`agent.links.bpfload`); this process only holds the
+child process (:mod:`agent.kernel.bpfload`); this process only holds the
 descriptors and reads the maps with bpf(2).
 """
 
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.links import bpfload, tracefs
-from agent.links.bpfload import Loaded
-from agent.links.bpfsys import BpfMap, ProgStats, prog_stats
-from agent.links.sysfs import NetDevice
-from agent.links.tc import Tc
+from agent.kernel import bpfload, tracefs
+from agent.kernel.bpfload import Loaded
+from agent.kernel.bpfsys import BpfMap, ProgStats, prog_stats
+from agent.kernel.sysfs import NetDevice
+from agent.kernel.tc import Tc
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.conditions import Finding
-from agent.config import LinksSection
+from agent.links.settings import LinksSection
 from agent.links.types import LinkSample
 from agent.rdma.types import RdmaSample
 from harmonaize.messages import Level, LinkHealth, Severity

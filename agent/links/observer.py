@@ -22,8 +22,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.config import AgentConfig, LinkMode, LinksSection
-from agent.links import sysfs
+from agent.config import AgentConfig
+from agent.kernel import sysfs
+from agent.kernel.netlink import Netlink
+from agent.kernel.qdisc import InterfaceQdiscs, QdiscReader
+from agent.kernel.sysfs import DevCounters, NetDevice
 from agent.links.counting import LinkAccount, bpf_traffic, dev_traffic, rate
 from agent.links.datapath import (
     BYTES,
@@ -35,9 +38,7 @@ from agent.links.datapath import (
     Prefix,
     dscp_map,
 )
-from agent.links.netlink import Netlink
-from agent.links.qdisc import InterfaceQdiscs, QdiscReader
-from agent.links.sysfs import DevCounters, NetDevice
+from agent.links.settings import LinkMode, LinksSection
 from agent.links.types import LinkRates, LinkSample
 from agent.observers.base import FeatureAbsent, Observer, register
 

@@ -39,8 +39,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.config import CcDeviceSection, RdmaCcSection, Switch
 from agent.rdma.ccparams import PARAMS, enable_knob
+from agent.rdma.settings import CcDeviceSection, RdmaCcSection, Switch
 from agent.rdma.types import RdmaPortRates, RdmaSample, RdmaTotals
 
 HISTORY = 100

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import CcLayout
 from agent.rdma.ccparams import PARAMS, parse_enable_knob
+from agent.rdma.settings import CcLayout
 
 _PCI = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.config import AgentConfig, RdmaSection
+from agent.config import AgentConfig
 from agent.observers.base import FeatureAbsent, Observer, register
+from agent.rdma.settings import RdmaSection
 from agent.rdma.types import RdmaPortRates, RdmaSample, RdmaTotals
 
 DEFAULT_CLASS = "data"

@@ -17,13 +17,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agent.config import CcDeviceSection, RdmaCcSection, Switch
 from agent.observations import Observations
 from agent.rdma import knobs
 from agent.rdma.cc import CcLoop, CcObservations, DeviceSettings, SetKnob
 from agent.rdma.ccparams import PARAMS, enable_knob
 from agent.rdma.observer import discover
 from agent.rdma.originals import Original, Originals, OriginalsError
+from agent.rdma.settings import CcDeviceSection, RdmaCcSection, Switch
 from harmonaize.schema import to_plain
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agent.config import RemediationMode, RemediationSection, render_reset
 from agent.gpu.health import GpuView
 from agent.remediation.engine import RemediationEngine
+from agent.remediation.settings import RemediationMode, RemediationSection, render_reset
 from agent.remediation.types import (
     Action,
     GpuSeen,

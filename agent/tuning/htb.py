@@ -44,11 +44,11 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agent.links import bpfload
-from agent.links.bpfload import Loaded
+from agent.kernel import bpfload
+from agent.kernel.bpfload import Loaded
+from agent.kernel.netlink import Netlink
+from agent.kernel.tc import EGRESS, Tc
 from agent.links.datapath import BpfUnavailable, default_bpf_dir, headers_present
-from agent.links.netlink import Netlink
-from agent.links.tc import EGRESS, Tc
 
 log = logging.getLogger(__name__)
 

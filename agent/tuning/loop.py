@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.links.health import LevelHold, LinkJudgement
-from agent.tuning.layout import (
+from agent.plugin.layout import (
     MAX_COMMS,
     MAX_RULESETS,
     CommEntry,

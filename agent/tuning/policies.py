@@ -36,7 +36,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 
-from agent.tuning.layout import (
+from agent.plugin.layout import (
     MAX_PREFS,
     MAX_RULES,
     MAX_RULESETS,

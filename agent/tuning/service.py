@@ -33,27 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.conditions import Finding
-from agent.config import LinksSection, TuningSection
-from agent.links import sysfs
+from agent.kernel import sysfs
 from agent.links.health import LinkJudgement
+from agent.links.settings import LinksSection
 from agent.links.types import LinkSample
 from agent.observations import Observations
-from agent.tuning import nextlaunch
-from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
-from agent.tuning.layout import NCCL_CAP_VERSION, U32_MAX, Policy, StatsSlots
-from agent.tuning.loop import (
-    Action,
-    LoopSettings,
-    Publish,
-    Retire,
-    TuningLoop,
-    WritePolicy,
-    build_policy,
-    resolved_policy,
-)
-from agent.tuning.owners import GroupUsers
-from agent.tuning.policies import CHOICE_NAMES, describe_rule
-from agent.tuning.shm import (
+from agent.plugin.layout import NCCL_CAP_VERSION, U32_MAX, Policy, StatsSlots
+from agent.plugin.shm import (
     PolicyFile,
     StatsLimits,
     StatsReader,
@@ -66,6 +52,21 @@ from agent.tuning.shm import (
     remove_job_dir,
     write_launch,
 )
+from agent.tuning import nextlaunch
+from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
+from agent.tuning.loop import (
+    Action,
+    LoopSettings,
+    Publish,
+    Retire,
+    TuningLoop,
+    WritePolicy,
+    build_policy,
+    resolved_policy,
+)
+from agent.tuning.owners import GroupUsers
+from agent.tuning.policies import CHOICE_NAMES, describe_rule
+from agent.tuning.settings import TuningSection
 from harmonaize.messages import (
     AckPhase,
     JobDeclaration,

@@ -10,7 +10,7 @@ from agent.gpu.commands import gpu_views
 from harmonaize.opsocket import Command, CommandError
 
 if TYPE_CHECKING:
-    from agent.host.health import HealthStep
+    from agent.step import HealthStep
     from agent.validation.service import ValidationService
 
 

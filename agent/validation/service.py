@@ -21,13 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.config import ValidationSection
 from agent.gpu.actions import Action
 from agent.gpu.health import GpuHealthEngine, GpuState, GpuView
 from agent.validation.checks import CommandSpec, Outcome, StaticLimits, Target
 from agent.validation.history import History, Quarantine
 from agent.validation.planner import Device, Plan, Planner, PlannerSettings
 from agent.validation.runner import Runner, Verdict, boot_id, budget
+from agent.validation.settings import ValidationSection
 from harmonaize.messages import (
     HostEvent,
     Message,

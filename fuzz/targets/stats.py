@@ -9,8 +9,8 @@ import os
 from common import OURS, atheris, run
 
 with atheris.instrument_imports(include=OURS):
-    from agent.tuning.layout import STATS_SLOTS
-    from agent.tuning.shm import StatsLimits, read_slots
+    from agent.plugin.layout import STATS_SLOTS
+    from agent.plugin.shm import StatsLimits, read_slots
 
 TRIES = StatsLimits().seqlock_tries
 #: One file in memory, rewritten per input: the reader's real preads, no disk.

@@ -2,7 +2,7 @@
  * Shared-memory layouts between the HarmonAIze agent and the tuner plugin:
  * the policy file (agent writes, plugin maps read-only) and the stats file
  * (plugin writes, agent reads). Little-endian, naturally aligned; the Python
- * side is agent/tuning/shm.py and must agree byte for byte.
+ * side is agent/plugin/shm.py and must agree byte for byte.
  *
  * Layout version 2. A job's files live in its own directory,
  * <dir>/<job>/policy and <dir>/<job>/<pid>-<tag>.stats, so file modes can

@@ -635,7 +635,7 @@ static int hz_agree(const struct hz_entry* h, const struct hz_entry* x, uint64_t
   return 1;
 }
 
-/* The rule, for a rank about to issue collective n (agent/tuning/shm.py's
+/* The rule, for a rank about to issue collective n (agent/plugin/shm.py's
  * evaluate() is its reference):
  * - an older revision never replaces a newer one; the same revision must
  *   carry the same entry;

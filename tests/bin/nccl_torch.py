@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 import torch
 import torch.distributed as dist
 
-from agent.tuning.layout import Pref, Proto, Rule
+from agent.plugin.layout import Pref, Proto, Rule
+from agent.plugin.shm import PolicyFile, policy_path, read_stats
 from agent.tuning.loop import Entry, build_policy
-from agent.tuning.shm import PolicyFile, policy_path, read_stats
 
 
 def main() -> int:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
-from agent.tuning.layout import CommEntry, Policy, Pref, Rule, pseudo_comm_id
-from agent.tuning.shm import PolicyFile, policy_path, prepare_dirs, prepare_job_dir
+from agent.plugin.layout import CommEntry, Policy, Pref, Rule, pseudo_comm_id
+from agent.plugin.shm import PolicyFile, policy_path, prepare_dirs, prepare_job_dir
 from testbed.plugin import FAKE_NCCL, VERSION_ENV, Rank
 
 JOB = "probe"

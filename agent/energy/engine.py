@@ -55,8 +55,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from agent.config import EnergySection
-from agent.tuning.layout import StatsSlot
+from agent.energy.settings import EnergySection
+from agent.plugin.layout import StatsSlot
 from harmonaize.messages import EnergyAllowance
 
 WATT = 1000  # milliwatts

@@ -2,7 +2,7 @@
 
 bcc compiles C with an in-process LLVM that costs the process holding it
 about 120 MB of resident memory for good. So the agent forks a loader:
-``python -m agent.links.bpfload`` compiles with bcc, loads the programs,
+``python -m agent.kernel.bpfload`` compiles with bcc, loads the programs,
 attaches the tracepoints, and hands every program, map and tracepoint file
 descriptor back over a Unix socket (SCM_RIGHTS), with the sizes of each map.
 Then it exits without tearing anything down (os._exit): the kernel objects
@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.links.bpfsys import BpfMap, open_map
+from agent.kernel.bpfsys import BpfMap, open_map
 
 MAX_FDS = 64
 LOAD_TIMEOUT = 120.0
@@ -69,7 +69,7 @@ def load(requests: list[Request]) -> Loaded:
     with parent, tempfile.TemporaryFile() as errors:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "agent.links.bpfload", str(child.fileno())],
+                [sys.executable, "-m", "agent.kernel.bpfload", str(child.fileno())],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
                 pass_fds=(child.fileno(),),
             )

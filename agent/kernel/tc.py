@@ -15,7 +15,7 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agent.links.netlink import Netlink
+from agent.kernel.netlink import Netlink
 
 log = logging.getLogger(__name__)
 

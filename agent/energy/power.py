@@ -1,6 +1,6 @@
 """GPU power limits through NVML, and the originals kept on disk until they are restored.
 
-The energy loop (agent/gpu/energy.py) decides; this module does its I/O. Every NVML
+The energy loop (agent/energy/engine.py) decides; this module does its I/O. Every NVML
 call is bounded (``call_timeout``, as the sampler's are) and runs on a worker thread
 of its own, so the agent's loop never waits on the driver: the loop submits requests
 and collects their outcomes at its next look.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agent.gpu.energy import PowerInfo, ReadPower, SetLimit
+from agent.energy.engine import PowerInfo, ReadPower, SetLimit
 from agent.gpu.nvml import bounded
 from harmonaize.logs import one_line
 from harmonaize.threads import set_os_thread_name

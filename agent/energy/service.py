@@ -1,9 +1,9 @@
 """The energy loop's I/O shell: observations in, NVML power calls out.
 
 Each agent pass hands it the GPU observation and the declarations; it steps the
-loop (agent/gpu/energy.py) every ``interval`` and at the loop's own deadlines,
+loop (agent/energy/engine.py) every ``interval`` and at the loop's own deadlines,
 with the ranks' progress read from the tuner plugin's stats files, and submits
-the loop's requests to :class:`agent.gpu.power.PowerControl` (a worker thread,
+the loop's requests to :class:`agent.energy.power.PowerControl` (a worker thread,
 every call bounded). At start it puts back what a killed agent left lowered; at
 stop it puts back everything the loop changed, before NVML goes.
 """
@@ -16,8 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from agent.config import EnergySection
-from agent.gpu.energy import (
+from agent.energy.engine import (
     WATT,
     EnergyGpu,
     EnergyLoop,
@@ -27,9 +26,10 @@ from agent.gpu.energy import (
     SetLimit,
     progress_of,
 )
-from agent.gpu.power import Originals, PowerControl, Saved, restore_left
+from agent.energy.power import Originals, PowerControl, Saved, restore_left
+from agent.energy.settings import EnergySection
 from agent.gpu.types import GpuSample
-from agent.tuning.shm import StatsReader
+from agent.plugin.shm import StatsReader
 from harmonaize.messages import EnergyAllowance, JobDeclaration, JobEnergy
 
 log = logging.getLogger("harmonaize.agent")

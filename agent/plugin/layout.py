@@ -15,7 +15,7 @@ accepts exactly what the plugin accepts, :func:`apply` computes exactly what
 the plugin does to NCCL's cost table, and :func:`evaluate` decides exactly as
 the plugin does, so the tests use them as an oracle for the C code. The
 tuning loop imports only this module; the files themselves are
-:mod:`agent.tuning.shm`'s.
+:mod:`agent.plugin.shm`'s.
 """
 
 # Over 400 lines because it mirrors native/tuner/hz_shm.h and the plugin's semantics byte for

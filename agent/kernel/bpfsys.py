@@ -1,7 +1,7 @@
 """The few bpf(2) map commands the agent needs, straight through the syscall.
 
 The daemon holds map file descriptors it received from the loader process
-(see :mod:`agent.links.bpfload`) and reads them here, so neither bcc nor LLVM
+(see :mod:`agent.kernel.bpfload`) and reads them here, so neither bcc nor LLVM
 is ever mapped into it. ``union bpf_attr`` layouts are those of the kernel's
 UAPI ``linux/bpf.h`` for each command.
 """

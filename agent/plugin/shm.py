@@ -1,9 +1,9 @@
-"""The files the agent and the NCCL tuner plugin share (their layouts: :mod:`agent.tuning.layout`).
+"""The files the agent and the NCCL tuner plugin share (their layouts: :mod:`agent.plugin.layout`).
 
 The agent publishes a *policy* per job in ``<dir>/<job>/policy``. The plugin
 (``native/tuner/plugin.c``) maps the file read-only in the tenant's process,
 reads it through a seqlock without locks, and accepts a new copy of its entry
-only where :func:`~agent.tuning.layout.evaluate` says so. It reports per
+only where :func:`~agent.plugin.layout.evaluate` says so. It reports per
 communicator what it follows and where it switched in
 ``<dir>/<job>/<pid>-<tag>.stats``, holding a shared lock on that file for as
 long as the process lives. This module does the I/O: directories and their
@@ -11,7 +11,7 @@ modes, the policy file written through its seqlock, the stats files read while
 their writers live.
 
 A job's directory is writable by every rank of the job, so every file operation
-here goes through :mod:`agent.tuning.hostilefs` (no link followed, nothing but
+here goes through :mod:`agent.plugin.hostilefs` (no link followed, nothing but
 the agent's own regular files written), and the stats files, a tenant's in
 number and content, are read with bounded work per call (:class:`StatsReader`).
 """
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.tuning.hostilefs import HeldDir, Refused, prepare_root
-from agent.tuning.layout import (
+from agent.plugin.hostilefs import HeldDir, Refused, prepare_root
+from agent.plugin.layout import (
     CHECKSUM_OFFSET,
     POLICY_SIZE,
     SEQ_OFFSET,
