@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
 from agent import config as agent_config
 from agent.daemon import AgentDaemon
 from agent.observers import ObserverSet
-from harmonaize import __version__, wireaudit
+from harmonaize import __version__, statemachine, wireaudit
 from harmonaize.config import ConfigError
 from harmonaize.logs import configure_logging
 
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harmonaize-agent: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.agent.log_level.value)
+    # The suite runs daemons with illegal state moves raising; in production they are
+    # counted and refused (harmonaize.statemachine).
+    statemachine.set_strict(os.environ.get(statemachine.STRICT_ENV) == "1")
     if args.check:
         return _check(cfg, args.json)
     try:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 from controller import config as controller_config
 from controller.server import ControllerServer
-from harmonaize import __version__, wireaudit
+from harmonaize import __version__, statemachine, wireaudit
 from harmonaize.config import ConfigError
 from harmonaize.logs import configure_logging
 
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harmonaize-controller: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.controller.log_level.value)
+    # The suite runs daemons with illegal state moves raising; in production they are
+    # counted and refused (harmonaize.statemachine).
+    statemachine.set_strict(os.environ.get(statemachine.STRICT_ENV) == "1")
     try:
         if cfg.cluster.enabled:
             from controller.replica import ReplicaServer  # noqa: PLC0415 - needs nats-py

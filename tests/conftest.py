@@ -18,7 +18,7 @@ import pytest
 import zmq
 from hypothesis import settings
 
-from harmonaize import wireaudit
+from harmonaize import statemachine, wireaudit
 from testbed.netns import Lab
 from tests.wirecheck import Audit
 
@@ -30,6 +30,11 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # agent's configuration) find it through PYTHONPATH.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+# Illegal state moves raise under test, in this process and in the daemons it starts
+# (harmonaize.statemachine); in production they are counted and refused.
+os.environ[statemachine.STRICT_ENV] = "1"
+statemachine.set_strict(True)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
