@@ -25,24 +25,28 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
-    "agent/outbox.py": ["tests/test_outbox.py", "tests/test_outbox_rules.py"],
-    "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
-                                "tests/test_redaction_rules.py", "tests/test_energy_feed.py"],
-    "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
-    "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
-    "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
-    "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
-    "agent/energy/engine.py": ["tests/test_energy_loop.py"],
-    "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
-    "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],
-    "controller/scheduler/reasons.py": ["tests/test_scheduler_engine.py"],
+    "agent/outbox.py": ["tests/agent/test_outbox.py", "tests/agent/test_outbox_rules.py"],
+    "controller/redaction.py": ["tests/controller/test_redaction.py",
+                                "tests/controller/test_job_messages.py",
+                                "tests/controller/test_redaction_rules.py",
+                                "tests/controller/test_energy_feed.py"],
+    "controller/agreement.py": ["tests/controller/test_agreement.py",
+                                "tests/controller/test_agreement_rules.py"],
+    "harmonaize/messages.py": ["tests/wire/test_codec.py", "tests/wire/test_codec_rules.py"],
+    "agent/conditions.py": ["tests/agent/test_step.py", "tests/agent/test_conditions.py"],
+    "agent/tuning/loop.py": ["tests/agent/tuning/test_loop.py",
+                             "tests/agent/tuning/test_loop_edges.py"],
+    "agent/energy/engine.py": ["tests/agent/energy/test_engine.py"],
+    "controller/scheduler/engine.py": ["tests/controller/scheduler/test_engine.py"],
+    "controller/scheduler/table.py": ["tests/controller/scheduler/test_engine.py"],
+    "controller/scheduler/reasons.py": ["tests/controller/scheduler/test_engine.py"],
     # The engine's own tests and the fake-reset file's property over it; not that file's
     # others (they build the fake library, run nvidia-smi as a subprocess and need root).
     "agent/remediation/engine.py": [
-        "tests/test_scheduler_remediation_engine.py",
-        "tests/test_scheduler_fake_reset.py::test_no_reset_outside_the_rate_limits_or_of_a_gpu_in_use"],
+        "tests/agent/remediation/test_engine.py",
+        "tests/agent/remediation/test_reset_contract.py::test_no_reset_outside_the_rate_limits_or_of_a_gpu_in_use"],
     # Not sans-I/O: the one module that touches tenant-writable directories (real files).
-    "agent/plugin/hostilefs.py": ["tests/test_hardening_files.py"],
+    "agent/plugin/hostilefs.py": ["tests/agent/plugin/test_hostile_files.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]

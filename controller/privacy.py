@@ -125,7 +125,7 @@ def seeded_sampler(seed: str) -> Sampler:
     OpenDP does not take a seed (on purpose), and a simulated run must come out the same
     from its seed. A discrete Laplace variable with parameter ``exp(-1/scale)`` is the
     difference of two independent geometric ones with success probability
-    ``1 - exp(-1/scale)``; numpy draws those. ``tests/test_sim_privacy.py`` checks that
+    ``1 - exp(-1/scale)``; numpy draws those. ``tests/sim/test_privacy.py`` checks that
     both samplers agree in distribution.
     """
     import numpy as np  # noqa: PLC0415 - the simulator's dependency, not the controller's

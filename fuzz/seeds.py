@@ -36,7 +36,7 @@ from agent.plugin.layout import (
 )
 from harmonaize import messages as m
 from harmonaize.schema import to_plain
-from tests.test_wire import SAMPLES
+from tests.wire.test_codec import SAMPLES
 
 CORPUS = ROOT / "fuzz" / "corpus"
 

@@ -17,9 +17,9 @@ from harmonaize import messages as m
 from harmonaize.messages import encode
 from harmonaize.tenant.client import FeedClient
 from tests.conftest import ROOT, Spawn
+from tests.controller.test_feed import Sender, advice
 from tests.daemons import Controller, keyring
 from tests.daemons import wait_until as wait
-from tests.test_controller_feed import Sender, advice
 
 CLIENT = ROOT / "tests" / "clients" / "node"
 JOB = "job-a"

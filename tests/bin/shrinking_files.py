@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from agent.plugin.shm import job_dir, policy_path, prepare_dirs, prepare_job_dir
-from tests.test_tuner_plugin import (
+from tests.plugin.test_tuner_abi import (
     COMM,
     JOB,
     LIBRARY,
