@@ -25,11 +25,7 @@ from agent.plugin.layout import (
     encode_policy,
     pseudo_comm_id,
 )
-from agent.plugin.shm import (
-    PolicyFile,
-    policy_path,
-    read_stats,
-)
+from agent.plugin.shm import PolicyFile, policy_path, read_stats
 from testbed.plugin import LOGGER
 from tests.plugin.test_tuner_abi import (
     BROKEN,

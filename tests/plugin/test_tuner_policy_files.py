@@ -27,13 +27,7 @@ from agent.plugin.layout import (
     evaluate,
     validate_job,
 )
-from agent.plugin.shm import (
-    PolicyFile,
-    policy_path,
-    prepare_dirs,
-    prepare_job_dir,
-    read_policy,
-)
+from agent.plugin.shm import PolicyFile, policy_path, prepare_dirs, prepare_job_dir, read_policy
 from tests.plugin.test_tuner_abi import (
     BROKEN,
     COMM,

@@ -21,12 +21,7 @@ from agent.plugin.layout import (
     evaluate,
     ruleset_hash,
 )
-from agent.plugin.shm import (
-    PolicyFile,
-    policy_path,
-    prepare_job_dir,
-    read_stats,
-)
+from agent.plugin.shm import PolicyFile, policy_path, prepare_job_dir, read_stats
 from tests.plugin.test_tuner_abi import COMM, JOB, RING_LL128, TREE_SIMPLE, choice, opened
 
 pytestmark = pytest.mark.tuning

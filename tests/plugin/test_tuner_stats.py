@@ -8,15 +8,8 @@ import sys
 
 import pytest
 
-from agent.plugin.layout import (
-    history_step,
-    ruleset_hash,
-)
-from agent.plugin.shm import (
-    job_dir,
-    policy_path,
-    read_stats,
-)
+from agent.plugin.layout import history_step, ruleset_hash
+from agent.plugin.shm import job_dir, policy_path, read_stats
 from tests.plugin.test_tuner_abi import (
     COMM,
     JOB,

@@ -8,17 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.plugin.layout import (
-    Algo,
-    Policy,
-    Proto,
-)
-from agent.plugin.shm import (
-    policy_path,
-    prepare_dirs,
-    prepare_job_dir,
-    read_stats,
-)
+from agent.plugin.layout import Algo, Policy, Proto
+from agent.plugin.shm import policy_path, prepare_dirs, prepare_job_dir, read_stats
 from tests.plugin.test_tuner_abi import (
     COMM,
     JOB,

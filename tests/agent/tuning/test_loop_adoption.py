@@ -6,15 +6,8 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.loop import (
-    LoopSettings,
-    TuningLoop,
-    WritePolicy,
-    build_policy,
-)
-from harmonaize.messages import (
-    Level,
-)
+from agent.tuning.loop import LoopSettings, TuningLoop, WritePolicy, build_policy
+from harmonaize.messages import Level
 from tests.agent.tuning.test_loop import (
     BUSY,
     CALM,
@@ -141,7 +134,6 @@ def test_a_cancelled_adopted_change_counts_as_aborted() -> None:
     assert again.job.aborted == 1
     entry = again.entry()
     assert (entry.revision, entry.after_rules) == (armed.revision + 1, ())
-
 
 
 # --- adoption, rule by rule ----------------------------------------------------------

@@ -7,10 +7,7 @@ import dataclasses
 import pytest
 
 from agent.plugin.layout import MAX_COMMS
-from agent.tuning.loop import (
-    Retire,
-    wire_comm,
-)
+from agent.tuning.loop import Retire, wire_comm
 from harmonaize.messages import (
     AckPhase,
     Activation,

@@ -14,12 +14,7 @@ from agent.tuning.loop import (
     build_policy,
     wire_comm,
 )
-from harmonaize.messages import (
-    Activation,
-    Level,
-    TuningArm,
-    TuningResolve,
-)
+from harmonaize.messages import Activation, Level, TuningArm, TuningResolve
 from tests.agent.tuning.test_loop import (
     BUSY,
     CALM,

@@ -6,13 +6,8 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.loop import (
-    Retire,
-    build_policy,
-)
-from harmonaize.messages import (
-    JobDeclaration,
-)
+from agent.tuning.loop import Retire, build_policy
+from harmonaize.messages import JobDeclaration
 from tests.agent.tuning.test_loop import (
     BUSY,
     CALM,
@@ -47,8 +42,6 @@ def test_congestion_arms_verifies_and_confirms_at_a_point_no_rank_reached() -> N
     host.advance(entry.at + 10 - 1000)
     assert [r.last_switch for r in host.ranks[COMM]] == [entry.at, entry.at]
     assert all(r.current == SEVERE for r in host.ranks[COMM])
-
-
 
 
 def test_a_rank_that_raced_past_the_point_unseen_cancels_the_change() -> None:

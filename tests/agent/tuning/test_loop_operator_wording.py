@@ -6,17 +6,8 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.loop import (
-    LoopSettings,
-    TuningLoop,
-    wire_comm,
-)
-from harmonaize.messages import (
-    AckPhase,
-    Level,
-    TuningArm,
-    TuningReport,
-)
+from agent.tuning.loop import LoopSettings, TuningLoop, wire_comm
+from harmonaize.messages import AckPhase, Level, TuningArm, TuningReport
 from tests.agent.tuning.test_loop import (
     BUSY,
     CALM,

@@ -6,15 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.tuning.loop import (
-    resolved_policy,
-    wire_comm,
-)
+from agent.tuning.loop import resolved_policy, wire_comm
 from agent.tuning.policies import derive
-from harmonaize.messages import (
-    Activation,
-    TuningResolve,
-)
+from harmonaize.messages import Activation, TuningResolve
 from tests.agent.tuning.test_loop import (
     BUSY,
     CALM,

@@ -6,9 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.loop import (
-    build_policy,
-)
+from agent.tuning.loop import build_policy
 from tests.agent.tuning.test_loop import (
     COMM,
     DECLARATION,
@@ -27,8 +25,6 @@ pytestmark = pytest.mark.tuning
 
 
 # --- a restarted agent ---------------------------------------------------------------
-
-
 
 
 def test_adopting_the_policy_keeps_it_as_it_was() -> None:

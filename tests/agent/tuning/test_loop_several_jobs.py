@@ -7,14 +7,8 @@ import dataclasses
 import pytest
 
 from agent.plugin.layout import MAX_COMMS
-from agent.tuning.loop import (
-    Publish,
-    Retire,
-    WritePolicy,
-)
-from harmonaize.messages import (
-    TuningReport,
-)
+from agent.tuning.loop import Publish, Retire, WritePolicy
+from harmonaize.messages import TuningReport
 from tests.agent.tuning.test_loop import (
     CALM,
     COMM,

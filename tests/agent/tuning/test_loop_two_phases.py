@@ -6,12 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.loop import (
-    LoopSettings,
-    TuningLoop,
-    WritePolicy,
-    build_policy,
-)
+from agent.tuning.loop import LoopSettings, TuningLoop, WritePolicy, build_policy
 from harmonaize.messages import (
     AckPhase,
     Activation,

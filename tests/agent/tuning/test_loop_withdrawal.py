@@ -6,13 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.tuning.loop import (
-    LoopSettings,
-    Publish,
-    Retire,
-    TuningLoop,
-    WritePolicy,
-)
+from agent.tuning.loop import LoopSettings, Publish, Retire, TuningLoop, WritePolicy
 from tests.agent.tuning.test_loop import (
     CALM,
     COMM,
