@@ -23,6 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = Path(sys.executable).parent / "mutmut"
 
+#: The scheduler engine's tests, one file per part of it; each of its modules is scored against all.
+SCHEDULER_ENGINE_TESTS = ["tests/controller/scheduler/test_engine.py",
+                          "tests/controller/scheduler/test_reasons.py",
+                          "tests/controller/scheduler/test_table.py",
+                          "tests/controller/scheduler/test_engine_arithmetic.py",
+                          "tests/controller/scheduler/test_engine_rows_and_notes.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/agent/test_outbox.py", "tests/agent/test_outbox_rules.py"],
@@ -47,9 +53,9 @@ MODULES = {
                              "tests/agent/tuning/test_loop_withdrawal.py",
                              "tests/agent/tuning/test_loop_mutation_pins.py"],
     "agent/energy/engine.py": ["tests/agent/energy/test_engine.py"],
-    "controller/scheduler/engine.py": ["tests/controller/scheduler/test_engine.py"],
-    "controller/scheduler/table.py": ["tests/controller/scheduler/test_engine.py"],
-    "controller/scheduler/reasons.py": ["tests/controller/scheduler/test_engine.py"],
+    "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
+    "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,
+    "controller/scheduler/reasons.py": SCHEDULER_ENGINE_TESTS,
     # The engine's own tests and the fake-reset file's property over it; not that file's
     # others (they build the fake library, run nvidia-smi as a subprocess and need root).
     "agent/remediation/engine.py": [
