@@ -62,7 +62,9 @@ MODULES = {
         "tests/agent/remediation/test_engine.py",
         "tests/agent/remediation/test_reset_contract.py::test_no_reset_outside_the_rate_limits_or_of_a_gpu_in_use"],
     # Not sans-I/O: the one module that touches tenant-writable directories (real files).
-    "agent/plugin/hostilefs.py": ["tests/agent/plugin/test_hostile_files.py"],
+    "agent/plugin/hostilefs.py": ["tests/agent/plugin/test_hostile_files.py",
+                                  "tests/agent/plugin/test_only_hostilefs_touches_job_directories.py",
+                                  "tests/agent/plugin/test_hostilefs_promises.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]
