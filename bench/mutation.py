@@ -60,6 +60,10 @@ MODULES = {
     # others (they build the fake library, run nvidia-smi as a subprocess and need root).
     "agent/remediation/engine.py": [
         "tests/agent/remediation/test_engine.py",
+        "tests/agent/remediation/test_engine_moves.py",
+        "tests/agent/remediation/test_engine_limits.py",
+        "tests/agent/remediation/test_engine_operator_commands.py",
+        "tests/agent/remediation/test_engine_table_and_records.py",
         "tests/agent/remediation/test_reset_contract.py::test_no_reset_outside_the_rate_limits_or_of_a_gpu_in_use"],
     # Not sans-I/O: the one module that touches tenant-writable directories (real files).
     "agent/plugin/hostilefs.py": ["tests/agent/plugin/test_hostile_files.py",
