@@ -23,6 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = Path(sys.executable).parent / "mutmut"
 
+#: The scheduler engine's tests, one file per part of it; each of its modules is scored against all.
+SCHEDULER_ENGINE_TESTS = ["tests/controller/scheduler/test_engine.py",
+                          "tests/controller/scheduler/test_reasons.py",
+                          "tests/controller/scheduler/test_table.py",
+                          "tests/controller/scheduler/test_engine_arithmetic.py",
+                          "tests/controller/scheduler/test_engine_rows_and_notes.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/agent/test_outbox.py", "tests/agent/test_outbox_rules.py"],
@@ -31,22 +37,41 @@ MODULES = {
                                 "tests/controller/test_redaction_rules.py",
                                 "tests/controller/test_energy_feed.py"],
     "controller/agreement.py": ["tests/controller/test_agreement.py",
-                                "tests/controller/test_agreement_rules.py"],
+                                "tests/controller/test_agreement_rules.py",
+                                "tests/controller/test_agreement_hosts.py",
+                                "tests/controller/test_agreement_switching.py",
+                                "tests/controller/test_agreement_paused.py"],
     "harmonaize/messages.py": ["tests/wire/test_codec.py", "tests/wire/test_codec_rules.py"],
     "agent/conditions.py": ["tests/agent/test_step.py", "tests/agent/test_conditions.py"],
     "agent/tuning/loop.py": ["tests/agent/tuning/test_loop.py",
-                             "tests/agent/tuning/test_loop_edges.py"],
+                             "tests/agent/tuning/test_loop_one_host.py",
+                             "tests/agent/tuning/test_loop_restart.py",
+                             "tests/agent/tuning/test_loop_properties.py",
+                             "tests/agent/tuning/test_loop_edges.py",
+                             "tests/agent/tuning/test_loop_adoption.py",
+                             "tests/agent/tuning/test_loop_multi_host.py",
+                             "tests/agent/tuning/test_loop_several_jobs.py",
+                             "tests/agent/tuning/test_loop_two_phases.py",
+                             "tests/agent/tuning/test_loop_operator_wording.py",
+                             "tests/agent/tuning/test_loop_withdrawal.py",
+                             "tests/agent/tuning/test_loop_mutation_pins.py"],
     "agent/energy/engine.py": ["tests/agent/energy/test_engine.py"],
-    "controller/scheduler/engine.py": ["tests/controller/scheduler/test_engine.py"],
-    "controller/scheduler/table.py": ["tests/controller/scheduler/test_engine.py"],
-    "controller/scheduler/reasons.py": ["tests/controller/scheduler/test_engine.py"],
+    "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
+    "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,
+    "controller/scheduler/reasons.py": SCHEDULER_ENGINE_TESTS,
     # The engine's own tests and the fake-reset file's property over it; not that file's
     # others (they build the fake library, run nvidia-smi as a subprocess and need root).
     "agent/remediation/engine.py": [
         "tests/agent/remediation/test_engine.py",
+        "tests/agent/remediation/test_engine_moves.py",
+        "tests/agent/remediation/test_engine_limits.py",
+        "tests/agent/remediation/test_engine_operator_commands.py",
+        "tests/agent/remediation/test_engine_table_and_records.py",
         "tests/agent/remediation/test_reset_contract.py::test_no_reset_outside_the_rate_limits_or_of_a_gpu_in_use"],
     # Not sans-I/O: the one module that touches tenant-writable directories (real files).
-    "agent/plugin/hostilefs.py": ["tests/agent/plugin/test_hostile_files.py"],
+    "agent/plugin/hostilefs.py": ["tests/agent/plugin/test_hostile_files.py",
+                                  "tests/agent/plugin/test_only_hostilefs_touches_job_directories.py",
+                                  "tests/agent/plugin/test_hostilefs_promises.py"],
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]

@@ -5,7 +5,8 @@ of the job can create any name in it. Whatever name the agent uses there may alr
 a symlink (to a root-only file elsewhere), a hard link to a file outside, a FIFO (an
 open would block), a device node, a directory, or a file of another owner. This module
 is the only agent code that opens, creates, renames, changes, stats, lists or removes
-anything under the policy directory (``tests/agent/plugin/test_hostile_files.py`` scans the agent
+anything under the policy directory
+(``tests/agent/plugin/test_only_hostilefs_touches_job_directories.py`` scans the agent
 for any other), and it does all of it through a descriptor of the directory:
 
 - a directory is opened with ``O_DIRECTORY | O_NOFOLLOW`` and checked (a directory of

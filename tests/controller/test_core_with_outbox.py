@@ -273,54 +273,6 @@ def test_the_same_inputs_at_the_same_times_give_the_same_outputs(tmp_path: Path)
     assert other.log != runs[0].log[:len(other.log)]
 
 
-def commits(outputs: list[Output]) -> list[Commit]:
-    return [out for out in outputs if isinstance(out, Commit)]
-
-
-def test_acknowledgements_wait_for_the_commit_of_what_they_cover(tmp_path: Path) -> None:
-    core = ControllerCore(config(), 0.0)
-    core.tick(0.0, WALL)
-    peer = AgentPeer(b"c1", HOST)
-    assert core.receive(peer, agent_frame(hello(), now=1.0), 1.0) == []
-    assert core.receive(peer, agent_frame(m.HostEvent("X", m.Severity.INFO), 1, 1.0),
-                        1.0) == []
-    assert core.next_deadline() == 1.0  # held: due now
-    out = core.tick(1.0, WALL + 1.0)
-    assert isinstance(out[0], Commit)
-    assert [e.seq for e in out[0].writes.events] == [1]
-    assert [o.message for o in out[1:] if isinstance(o, SendToAgent)] == [m.Ack(0), m.Ack(1)]
-    # A duplicate is answered with what is stored, also after the commit.
-    core.receive(peer, agent_frame(m.HostEvent("X", m.Severity.INFO), 1, 1.5), 1.5)
-    assert [o.message for o in core.tick(1.5, WALL) if isinstance(o, SendToAgent)] == [
-        m.Ack(1)]
-    # An unknown connection is told at once: that depends on nothing stored.
-    (resync,) = core.receive(AgentPeer(b"c2", HOST), agent_frame(SUMMARY, 2, 2.0), 2.0)
-    assert isinstance(resync, SendToAgent) and isinstance(resync.message, m.Resync)
-
-
-def test_a_declaration_is_answered_after_it_is_stored_and_forwarded(tmp_path: Path) -> None:
-    core = ControllerCore(config(), 0.0)
-    core.place(Placement(JOB, TENANT, (Member("0", HOST),), group="ml"), 0.0, WALL)
-    core.receive(AgentPeer(b"c1", HOST), agent_frame(hello()), 0.0)
-    core.tick(0.0, WALL)
-    declaration = m.JobDeclaration(JOB, revision=2)
-    out = core.receive(TenantPeer(b"t1", TENANT), tenant_frame(declaration, seq=5), 0.1)
-    assert isinstance(out[0], Commit)
-    assert out[0].writes.declarations == {JOB: (TENANT, declaration)}
-    # The host gets the placement's group, never the tenant's word for it.
-    assert out[1] == SendToAgent(b"c1", m.JobDeclaration(JOB, revision=2, group="ml"))
-    assert out[2] == AnswerTenant(b"t1", m.Reply(5, True, ""))
-    # Another tenant's request for the job: refused, nothing stored or forwarded.
-    (refused,) = core.receive(TenantPeer(b"t2", "beta"), tenant_frame(declaration), 0.2)
-    assert isinstance(refused, AnswerTenant) and not refused.message.ok  # type: ignore[attr-defined]
-    assert refused.message.code == "not-placed"  # type: ignore[attr-defined]
-    # Bad input: one answer for a request that named its number, none for bad framing.
-    (bad,) = core.receive(TenantPeer(b"t1", TENANT), BadFrame("invalid", "no", 9), 0.3)
-    assert bad == AnswerTenant(b"t1", m.Reply(9, False, "rejected: no", "invalid"))
-    assert core.receive(TenantPeer(b"t1", TENANT), BadFrame("framing", "3 frames"), 0.3) == []
-    assert core.feed.stats["bad_request"] == 2
-
-
 def test_a_frame_from_another_hosts_key_is_rejected_and_counted() -> None:
     core = ControllerCore(config(), 0.0)
     assert core.receive(AgentPeer(b"c1", "other-host"), agent_frame(hello()), 0.0) == []
@@ -332,71 +284,6 @@ def test_a_frame_from_another_hosts_key_is_rejected_and_counted() -> None:
 def pool_sends(outputs: list[Output]) -> list[m.Message]:
     return [decode(o.frame).body for o in outputs
             if isinstance(o, SendToTenant) and o.topic.startswith("pool/")]
-
-
-def test_a_held_back_capacity_update_goes_out_at_its_deadline_and_not_before() -> None:
-    core = ControllerCore(config(redaction={"mode": "redacted", "min_interval": 5.0,
-                                          "jitter": 2.0}), 0.0,
-                          rng=random.Random(5))
-    core.receive(TenantPeer(b"t1", TENANT), tenant_frame(m.Subscribe(("pool/",))), 0.0)
-    peer = AgentPeer(b"c1", HOST)
-    core.receive(peer, agent_frame(hello()), 1.0)
-    core.receive(peer, agent_frame(SUMMARY, 1), 1.0)
-    assert pool_sends(core.tick(1.0, WALL)) == []  # even the first waits for its jitter
-    first_due = core.next_deadline()
-    assert first_due is not None and 1.0 < first_due <= 3.0
-    assert pool_sends(core.tick(first_due - 0.01, WALL)) == []
-    (first,) = pool_sends(core.tick(first_due, WALL))
-    assert str(first.gpus_available) == "8-15"  # type: ignore[attr-defined]
-    busy = m.HostSummary(m.Health.HEALTHY, True, m.GpuCounts(healthy=8, in_use=8))
-    core.receive(peer, agent_frame(busy, 2), first_due + 0.1)
-    assert pool_sends(core.tick(first_due + 0.1, WALL)) == []  # held back: the interval
-    due = core.next_deadline()
-    assert due is not None and first_due + 5.0 <= due <= first_due + 7.0
-    assert pool_sends(core.tick(due - 0.01, WALL)) == []
-    assert core.next_deadline() == due
-    (later,) = pool_sends(core.tick(due, WALL))
-    assert str(later.gpus_available) == "0"  # type: ignore[attr-defined]
-
-
-def test_a_silent_host_is_counted_down_when_its_deadline_comes() -> None:
-    core = ControllerCore(config(liveness={"missed_heartbeats": 3}), 0.0)
-    core.place(placement(hosts=(HOST,)), 0.0, WALL)
-    core.receive(TenantPeer(b"t1", TENANT), tenant_frame(m.Subscribe((TOPIC,))), 0.0)
-    core.receive(AgentPeer(b"c1", HOST), agent_frame(hello(heartbeat=1.0)), 0.0)
-    core.tick(0.0, WALL)
-    assert core.next_deadline() == 3.0  # three heartbeats of silence
-    assert core.tick(2.9, WALL) == []
-    assert core.tick(3.0, WALL) == []  # at the limit, not past it
-    assert core.next_deadline() == 3.25  # looked once: again a check interval later
-    health = [decode(o.frame).body for o in core.tick(3.25, WALL)
-              if isinstance(o, SendToTenant)]
-    assert [h.lost for h in health] == [("0",)]  # type: ignore[attr-defined]
-    assert not core.cluster.hosts[HOST].alive
-
-
-def test_an_unanswered_arm_is_resent_at_the_agreements_deadline() -> None:
-    core = ControllerCore(config(tuning={"resend": 0.5, "arm_timeout": 5.0}), 0.0)
-    hosts = ("h1", "h2")
-    core.place(Placement(JOB, TENANT, tuple(Member(str(i), h) for i, h in enumerate(hosts))),
-               0.0, WALL)
-    for i, host in enumerate(hosts):
-        peer = AgentPeer(host.encode(), host)
-        core.receive(peer, agent_frame(hello(), sender=host), 0.0)
-        state = m.SwitchState(collectives=1000)
-        comm = m.CommReport(7, 4, 2, 2, 1000, 1000, 100.0, "default", 0, False, state, state)
-        wish = m.TuningReport(JOB, "f00d", "severe" if i == 0 else "default", 2 if i == 0 else 0,
-                              (comm,))
-        core.receive(peer, agent_frame(wish, 1, sender=host), 1.0)
-
-    def arms(outputs: list[Output]) -> list[bytes]:
-        return sorted(o.conn for o in outputs
-                      if isinstance(o, SendToAgent) and isinstance(o.message, m.TuningArm))
-
-    assert arms(core.tick(1.0, WALL)) == [b"h1", b"h2"]
-    assert core.next_deadline() == 1.5
-    assert arms(core.tick(1.49, WALL)) == []
-    assert arms(core.tick(1.5, WALL)) == [b"h1", b"h2"]  # nobody acknowledged: again
 
 
 def test_the_core_imports_no_socket_database_event_loop_or_clock() -> None:

@@ -19,11 +19,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from hypothesis import example, given
-from hypothesis import strategies as st
 
-from controller.gateway.events import MAX_EPOCH, MAX_OFFSET, Cursor, CursorError
-from controller.gateway.sessions import Sessions
 from harmonaize.exhaustion import AcceptExhaustion
 from tests.conftest import Spawn, free_port, needs_root
 from tests.controller.test_feed import Sender
@@ -32,7 +28,6 @@ from tests.sse import CurlStream, curl
 from tests.tenant.test_http import bearer, certificate, summary, token
 
 pytestmark = [pytest.mark.hardening, needs_root]
-
 
 
 @pytest.fixture
@@ -244,166 +239,3 @@ def test_item3_the_metrics_listener_closes_idle_and_half_sent_requests_too(
     assert b"harmonaize_controller_gateway_connections" in scraped.read()
     for sock in (idle, half):
         assert read_to_end(sock).startswith(b"HTTP/1.1 408")  # answered, then closed
-
-
-# --- item 7: sessions that are not tokens -----------------------------------------------
-
-
-def test_item7_a_session_lapses_after_its_lifetime_and_one_tenant_cannot_crowd_others(
-        ) -> None:
-    sessions = Sessions(lifetime=60.0, per_tenant=2, total=3)
-    first = sessions.start("acme", "hzt_a", now=100.0)
-    assert first is not None and sessions.get(first, 159.0) is not None
-    assert sessions.get(first, 160.0) is None and len(sessions) == 0
-    held = [sessions.start(tenant, "t", now=200.0) for tenant in ("acme", "acme", "beta")]
-    assert all(held) and sessions.start("gamma", "t", now=200.0) is None  # all taken
-    assert sessions.start("acme", "t", now=201.0) is not None  # acme's oldest made room
-    assert sessions.get(held[0], 201.0) is None and sessions.get(held[2], 201.0) is not None
-    assert sessions.start("gamma", "t", now=261.0) is not None  # the lapsed are forgotten
-
-
-def start_session(url: str, secret: str) -> tuple[str, str]:
-    """(the cookie's value, the whole Set-Cookie header) of a new session."""
-    status, body, headers = curl("POST", f"{url}/session", *bearer(secret))
-    assert status == 200 and body["ok"], body
-    cookie = headers["set-cookie"]
-    match = re.match(r"hz_session=([^;]+)", cookie)
-    assert match is not None, cookie
-    return match[1], cookie
-
-
-def feed_status(url: str, sid: str) -> int:
-    status, _, _ = curl("GET", f"{url}/feed?topic=pool/", "--max-time", "5",
-                        "-H", f"Cookie: hz_session={sid}")
-    return status
-
-
-def test_item7_the_session_cookie_is_a_random_id_not_the_token_and_no_bearer(
-        spawn: Spawn, workdir: Path) -> None:
-    controller, port = gateway(spawn, workdir)
-    url = f"http://127.0.0.1:{port}/v1"
-    secret = token(controller, "acme")
-    sid, cookie = start_session(url, secret)
-    assert sid != secret and secret not in cookie and sid.startswith("hzs_")
-    flags = {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
-    assert {"httponly", "path", "samesite", "max-age"} <= flags
-    assert "samesite=strict" in cookie.lower() and "secure" not in flags  # plain HTTP
-    stream = CurlStream(spawn, f"{url}/feed?topic=pool/", "-H", f"Cookie: hz_session={sid}")
-    assert stream.next().data["data"]["tenant"] == "acme"  # the cookie reads the feed
-    stream.close()
-    for path, method, body in (("declarations", "POST", {"job": "j"}),
-                               ("notices", "GET", None), ("feed", "GET", None)):
-        status, answer, _ = curl(method, f"{url}/{path}", *bearer(sid), body=body)
-        assert status == 401 and answer["error"]["code"] == "not-authenticated", path
-    # Nor is a token taken as a cookie.
-    assert feed_status(url, secret) == 401
-
-
-def test_item7_delete_session_ends_it_and_its_streams(spawn: Spawn, workdir: Path) -> None:
-    controller, port = gateway(spawn, workdir)
-    url = f"http://127.0.0.1:{port}/v1"
-    sid, _ = start_session(url, token(controller, "acme"))
-    stream = CurlStream(spawn, f"{url}/feed?topic=pool/", "-H", f"Cookie: hz_session={sid}")
-    assert stream.next().kind == "subscribed"
-    status, body, headers = curl("DELETE", f"{url}/session", "-H", f"Cookie: hz_session={sid}")
-    assert status == 200 and body["ended"] is True
-    assert "hz_session=\"\"" in headers["set-cookie"] or "max-age=0" in \
-        headers["set-cookie"].lower()
-    assert stream.proc.wait(timeout=30) == 0  # the server ended the open stream
-    status, body, _ = curl("GET", f"{url}/feed?topic=pool/", "-H", f"Cookie: hz_session={sid}")
-    assert status == 401 and "session is not valid" in body["error"]["message"]
-
-
-def test_item7_sessions_per_tenant_are_bounded_and_end_with_their_token(
-        spawn: Spawn, workdir: Path) -> None:
-    controller, port = gateway(spawn, workdir, "sessions_per_tenant = 2\n")
-    url = f"http://127.0.0.1:{port}/v1"
-    secret = token(controller, "acme")
-    first, second, third = (start_session(url, secret)[0] for _ in range(3))
-    assert feed_status(url, first) == 401  # the oldest made room
-    beta = start_session(url, token(controller, "beta"))[0]  # another tenant's own room
-    for sid in (second, third, beta):
-        stream = CurlStream(spawn, f"{url}/feed?topic=pool/", "-H", f"Cookie: hz_session={sid}")
-        assert stream.next().kind == "subscribed"
-        stream.close()
-    listed = controller.request("tokens")
-    acme = next(t["id"] for t in listed if t["tenant"] == "acme")
-    controller.request("token-revoke", {"id": acme})
-    assert feed_status(url, second) == 401 and feed_status(url, third) == 401
-
-
-# --- item 8: no tracebacks or 500s from bodies and cursors ------------------------------
-
-
-def test_item8_a_body_nested_100k_deep_is_a_400_in_one_line(spawn: Spawn,
-                                                           workdir: Path) -> None:
-    controller, port = gateway(spawn, workdir)
-    url = f"http://127.0.0.1:{port}/v1"
-    secret = token(controller, "acme")
-    for body in ("[" * 100_000 + "]" * 100_000, '{"a":' * 40_000 + "1" + "}" * 40_000,
-                 '{"job": ' + "[" * 40 + "]" * 40 + "}", '{"job": NaN}'):
-        status, answer, _ = curl("POST", f"{url}/declarations", *bearer(secret), body=body)
-        assert status == 400 and answer["error"]["code"] == "malformed", answer
-        assert "\n" not in answer["error"]["message"]
-    status, answer, _ = curl("POST", f"{url}/notices/n1", *bearer(secret),
-                             body="[" * 100_000)
-    assert status == 400 and "nested deeper" in answer["error"]["message"]
-    assert served(port) == 200
-    assert "Traceback" not in controller.log.read_text()
-
-
-def test_item8_a_cursor_offset_of_2_63_or_more_is_a_400_not_a_dropped_stream(
-        spawn: Spawn, workdir: Path) -> None:
-    controller, port = gateway(spawn, workdir)
-    url = f"http://127.0.0.1:{port}/v1"
-    secret = token(controller, "acme")
-    epoch = "1"  # the range is checked before the epoch is compared with the feed's
-    for cursor in (f"{epoch}-{2**63}-0", f"{epoch}-0-{2**63}", f"{epoch}-9999999999999999999-0",
-                   f"{epoch}-{MAX_OFFSET + 1}-0", f"{2**64 - 1:x}-0-0"):
-        for header in (("-H", f"Last-Event-ID: {cursor}"), ()):
-            where = f"{url}/feed?topic=pool/" + ("" if header else f"&since={cursor}")
-            status, answer, _ = curl("GET", where, *bearer(secret), *header)
-            assert status == 400 and answer["error"]["code"] == "invalid", (cursor, answer)
-            assert "out of range" in answer["error"]["message"]
-    stream = CurlStream(spawn, f"{url}/feed?topic=pool/&since=1-{MAX_OFFSET}-0",
-                        *bearer(secret))
-    assert stream.next().kind == "subscribed"  # the largest offset is still a cursor
-    stream.close()
-    assert "Traceback" not in controller.log.read_text()
-    assert "OverflowError" not in controller.log.read_text()
-
-
-def test_item8_malformed_http_and_cut_bodies_are_400s_without_a_traceback_stream(
-        spawn: Spawn, workdir: Path, sockets: list[socket.socket]) -> None:
-    controller, port = gateway(spawn, workdir)
-    secret = token(controller, "acme").encode()
-    for number in range(100):
-        sock = connect(sockets, port, b"GET /v1/noti\x9d\x9a%d HTTP/1.1\r\nHost: h\r\n\r\n"
-                       % number)
-        assert re.match(rb"HTTP/1\.[01] 400 ", read_to_end(sock))
-        sock.close()
-    sockets.clear()
-    cut = connect(sockets, port, b"POST /v1/declarations HTTP/1.1\r\nHost: h\r\n"
-                  b"Authorization: Bearer " + secret + b"\r\nContent-Type: application/json"
-                  b"\r\nContent-Length: 300\r\n\r\n{\"job\": ")
-    cut.shutdown(socket.SHUT_WR)  # the body ends before its Content-Length
-    read_to_end(cut)
-    assert served(port) == 200
-    assert controller.request("status")["gateway"]["malformed_http"] == 100
-    text = controller.log.read_text()
-    assert "Traceback" not in text and text.count("malformed HTTP from") == 1, text[-2000:]
-
-
-@given(st.text(max_size=60) | st.from_regex(r"[0-9a-f]{1,17}-[0-9]{1,20}-[0-9]{1,20}",
-                                            fullmatch=True))
-@example(f"1-{2**63}-0")
-@example(f"{2**63:x}-0-0")
-def test_item8_a_cursor_parses_in_range_or_is_refused_in_one_line(text: str) -> None:
-    try:
-        cursor = Cursor.parse(text)
-    except CursorError as exc:
-        assert "\n" not in str(exc)
-        return
-    assert 0 <= cursor.epoch <= MAX_EPOCH
-    assert 0 <= cursor.pool <= MAX_OFFSET and 0 <= cursor.job <= MAX_OFFSET
-    assert Cursor.parse(str(cursor)) == cursor

@@ -12,8 +12,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from agent.links.health import LinkJudgement, LinkView, judge
 from agent.links.settings import LinksSection
@@ -27,7 +25,6 @@ from agent.tuning.loop import (
     WritePolicy,
     build_policy,
     record_of,
-    resolved_policy,
     wire_comm,
 )
 from agent.tuning.policies import CHOICE_NAMES, derive
@@ -47,7 +44,6 @@ from harmonaize.messages import (
     TuningResolve,
 )
 from harmonaize.switches import WIRE_MASK, disagreement
-from tests.agent.tuning.test_policies import declarations
 
 pytestmark = pytest.mark.tuning
 
@@ -163,26 +159,6 @@ def agree(host: Host, comm: int = COMM) -> bool:
     """Every rank's switch record the same where both ranks have been."""
     return not disagreement(record_of(s) for s in host.slots(comm))
 
-
-# --- one host ------------------------------------------------------------------------
-
-
-def test_congestion_arms_verifies_and_confirms_at_a_point_no_rank_reached() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(2)
-    host.step(CALM, 0.1)
-    host.advance(1000)
-    host.step(FULL, 0.2)
-    entry = host.entry()
-    assert (entry.before, entry.after, entry.pending) == ("default", "severe", False)
-    assert entry.at >= 1000 + 50 and entry.revision == 2  # armed at 1, confirmed at 2
-    assert [c.kind for c in host.job.history][-2:] == ["local", "confirmed"]
-    host.advance(entry.at + 10 - 1000)
-    assert [r.last_switch for r in host.ranks[COMM]] == [entry.at, entry.at]
-    assert all(r.current == SEVERE for r in host.ranks[COMM])
-
-
 def race(host: Host, rank: int = 1) -> None:
     """Rank ``rank`` misses the next write and runs past its switching point before the
     loop looks again; then it sees the policy as it is."""
@@ -195,199 +171,6 @@ def race(host: Host, rank: int = 1) -> None:
         host.ranks[COMM][rank].see(host.policy.view(COMM))
 
     host.between.append(run_past)
-
-
-def test_a_rank_that_raced_past_the_point_unseen_cancels_the_change() -> None:
-    host = Host(activation_margin=50)
-    host.declare()
-    host.add(2)
-    host.step(CALM, 0.1)
-    host.advance(1000)
-    race(host)
-    host.step(FULL, 0.2)
-    entry = host.entry()
-    assert entry.after == entry.before == "default" and not entry.pending
-    assert host.job.history[-1].kind == "cancelled"
-    host.advance(500)
-    assert all(r.current == 0 for r in host.ranks[COMM])  # nobody switched
-    assert agree(host)
-
-
-def test_the_margin_grows_with_the_collective_rate() -> None:
-    host = Host(activation_margin=10, activation_lead=0.5)
-    host.declare()
-    host.add(1)
-    for i in range(5):
-        host.advance(5000)
-        host.step(CALM, i * 1.0)
-    host.advance(5000)
-    host.step(FULL, 5.0)
-    assert host.entry().at >= host.ranks[COMM][0].n + 2500  # 5000/s x 0.5 s
-
-
-def test_a_fall_waits_for_the_hold_and_a_rise_does_not() -> None:
-    host = Host(hold=5.0)
-    host.declare()
-    host.add(1)
-    host.step(FULL, 0.0)
-    assert host.job.choice == "severe"
-    host.advance(10_000)
-    host.step(CALM, 1.0)
-    host.step(CALM, 5.5)
-    assert host.job.choice == "severe"
-    host.step(CALM, 6.1)
-    assert host.job.choice == "default"
-    host.step(BUSY, 6.2)
-    assert host.job.choice == "congested"
-
-
-def test_flapping_input_changes_the_choice_once_and_the_rate_limit_holds() -> None:
-    host = Host(hold=0.0, max_changes_per_minute=2)
-    host.declare()
-    host.add(1)
-    now = 0.0
-    for view in [FULL, CALM, FULL, CALM, FULL, CALM, FULL]:
-        host.advance(20_000)
-        host.step(view, now)
-        host.step(view, now + 0.05)
-        now += 1.0
-    local = [c for c in host.job.history if c.kind == "local"]
-    assert len(local) == 2
-    assert "rate limit" in host.job.waiting
-
-
-def test_no_new_switch_until_every_rank_passed_the_last_one() -> None:
-    host = Host(hold=0.0, activation_margin=100)
-    host.declare()
-    host.add(2)
-    host.step(FULL, 0.0)
-    at = host.entry().at
-    host.advance(at + 5, rank=0)  # one rank past the switch, the other not
-    host.step(CALM, 1.0)
-    host.step(CALM, 1.1)
-    assert host.entry().after == "severe"
-    assert "has not passed the previous switch" in host.job.waiting
-    host.advance(at + 5, rank=1)
-    host.step(CALM, 1.2)
-    assert host.entry().after == "default"
-
-
-@pytest.mark.parametrize(("tamper", "why"), [
-    (lambda s: dataclasses.replace(s, flags=s.flags | 0x4, wait_at=3), "waits at collective"),
-    (lambda s: dataclasses.replace(s, flags=s.flags | 0x8, refused_revision=9), "refused"),
-    (lambda s: dataclasses.replace(s, flags=s.flags | 0x10), "defers"),
-    (lambda s: dataclasses.replace(s, policy_file=(1, 3)), "does not map the current"),
-    (lambda s: dataclasses.replace(s, revision=7), "newer than this agent"),
-])
-def test_a_rank_in_doubt_blocks_arming(tamper, why) -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
-    slots = host.slots()
-    slots[1] = tamper(slots[1])
-    host.run(host.loop.step(judged([FULL]), {JOB: slots}, 0.0), 0.0)
-    assert host.entry() is None
-    assert why in host.job.waiting
-
-
-def test_ranks_the_agent_cannot_see_block_arming() -> None:
-    host = Host()
-    host.declare()
-    host.add(2, n_ranks=3)  # NCCL says 3 ranks, one has no visible stats
-    host.step(FULL, 0.0)
-    assert host.entry() is None and "2 of its 3 ranks visible" in host.job.waiting
-    other = Host()
-    other.declare()
-    other.add(3, n_ranks=2)  # more slots than ranks: two communicators share an id
-    other.step(FULL, 0.0)
-    assert other.entry() is None and "ambiguous" in other.job.waiting
-
-
-def test_a_communicator_created_later_joins_the_choice_in_force() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
-    host.step(FULL, 0.0)
-    host.add(2, comm=COMM + 1)
-    host.step(FULL, 0.1)
-    assert host.entry(COMM + 1).after == "severe"
-
-
-def test_a_full_policy_never_drops_a_listed_communicator() -> None:
-    host = Host()
-    host.declare()
-    for i in range(33):
-        host.add(1, comm=COMM + i)
-    host.step(FULL, 0.0)
-    assert len(host.job.entries) == 32 and len(host.job.unlisted) == 1
-    build_policy(host.job.entries.values(), 1)
-
-
-def test_entries_outlive_a_missed_listing_but_not_the_stall_time() -> None:
-    host = Host(stall=10.0)
-    host.declare()
-    host.add(1)
-    host.step(FULL, 0.0)
-    host.run(host.loop.step(judged([FULL]), {JOB: []}, 1.0), 1.0)  # one listing found nothing
-    assert host.entry() is not None
-    host.run(host.loop.step(judged([FULL]), {JOB: []}, 11.0), 11.0)
-    assert host.entry() is None
-
-
-def test_a_declaration_without_ranges_never_changes_anything() -> None:
-    host = Host()
-    host.declare(JobDeclaration(JOB, revision=1))
-    host.add(1)
-    for i in range(5):
-        host.step(FULL, i * 1.0)
-    assert host.job.entries == {}
-
-
-def test_an_older_revision_is_refused() -> None:
-    host = Host()
-    host.declare(dataclasses.replace(DECLARATION, revision=5))
-    with pytest.raises(ValueError, match="older"):
-        host.loop.declare(dataclasses.replace(DECLARATION, revision=4), 1.0)
-
-
-def test_withdrawal_returns_to_nccl_first_then_retires() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
-    host.step(FULL, 0.0)
-    at = host.entry().at
-    host.run(host.loop.withdraw(JOB, 1.0), 1.0)
-    assert JOB in host.loop.jobs  # the rank has not passed the severe switch yet
-    host.advance(at + 1)
-    host.step(FULL, 2.0)
-    back = host.entry()
-    assert back.after == "default"
-    host.advance(back.at + 1 - host.ranks[COMM][0].n)
-    host.step(FULL, 3.0)
-    assert JOB not in host.loop.jobs
-    assert all(r.current == 0 for r in host.ranks[COMM])
-
-
-def test_a_quiet_job_retires_at_once() -> None:
-    host = Host()
-    host.declare()
-    actions = host.loop.withdraw(JOB, 1.0)
-    assert actions == [Retire(JOB)]
-
-
-def test_shutdown_returns_single_host_communicators_to_nccl() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
-    host.step(FULL, 0.0)
-    host.advance(host.entry().at + 1)
-    host.run(host.loop.shutdown({JOB: host.slots()}, 1.0), 1.0)
-    assert host.entry().after == "default" and not host.entry().pending
-
-
-# --- a restarted agent ---------------------------------------------------------------
-
-
 def restarted(old: Host, *, policy: Policy | None) -> Host:
     new = Host()
     new.ranks, new.sizes, new.policy = old.ranks, old.sizes, old.policy
@@ -396,70 +179,6 @@ def restarted(old: Host, *, policy: Policy | None) -> Host:
     new.loop.file(JOB, FILE)
     new.run(new.loop.adopt(JOB, policy, new.slots(), 10.0), 10.0)
     return new
-
-
-def test_adopting_the_policy_keeps_it_as_it_was() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
-    host.step(FULL, 0.0)
-    before = host.entry()
-    again = restarted(host, policy=host.policy)
-    assert again.entry().after == "severe" and again.entry().revision == before.revision
-    assert again.job.choice == "severe"
-    again.advance(before.at + 10)
-    assert agree(again) and all(r.current == SEVERE for r in again.ranks[COMM])
-
-
-def test_an_unreadable_policy_is_rebuilt_from_what_the_ranks_follow() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
-    host.step(FULL, 0.0)
-    host.advance(1)  # the ranks took the policy
-    before = host.entry()
-    again = restarted(host, policy=None)
-    entry = again.entry()
-    assert (entry.at, entry.after, entry.revision) == (before.at, "severe", before.revision)
-    # What it writes is taken by the ranks: nothing refused, nothing switches.
-    assert not any(s.refused for s in again.slots())
-
-
-def test_rules_no_choice_has_are_left_as_the_ranks_hold_them() -> None:
-    host = Host()
-    host.declare()
-    host.add(1)
-    host.step(FULL, 0.0)
-    host.advance(1)
-    new = Host()
-    new.ranks, new.sizes, new.policy = host.ranks, host.sizes, host.policy
-    other = dataclasses.replace(DECLARATION, revision=2, tuning=(dataclasses.replace(
-        DECLARATION.tuning[0], max_channels=12),))  # caps 6 and 3: no 4 of the old
-    new.loop.declare(other, 10.0)
-    new.loop.file(JOB, FILE)
-    new.run(new.loop.adopt(JOB, None, new.slots(), 10.0), 10.0)
-    assert COMM in new.job.orphaned and new.entry() is None
-    new.step(FULL, 11.0)
-    assert "could not rebuild" in new.job.waiting
-
-
-def test_a_single_host_change_armed_by_a_dead_agent_is_cancelled() -> None:
-    host = Host()
-    host.declare()
-    host.add(2)
-    host.advance(100)
-    # The previous agent died between arming and confirming.
-    entry = host.loop._armed(host.job, host.job.comms.get(COMM) or _comm(host), 150,
-                             DERIVED.get("severe"))
-    host.policy = build_policy([entry], 5)
-    for rank in host.ranks[COMM]:
-        rank.see(host.policy.view(COMM))
-    host.advance(60)
-    assert all(r.n == 150 and r.would_wait() for r in host.ranks[COMM])  # they wait
-    again = restarted(host, policy=host.policy)
-    assert again.entry().after == "default" and not again.entry().pending
-    again.advance(10)
-    assert all(r.n == 160 and r.current == 0 for r in again.ranks[COMM])
 
 
 def _comm(host: Host):
@@ -571,65 +290,6 @@ def test_local_disagreement_is_detected() -> None:
     host.run(host.loop.step(judged([CALM]), {JOB: slots}, 0.0), 0.0)
     assert host.job.diverged and "passed collective 500" in host.job.diverged[0]
     assert host.job.history[-1].kind == "diverged"
-
-
-# --- properties ----------------------------------------------------------------------
-
-trace_step = st.tuples(
-    st.sampled_from([CALM, BUSY, FULL, link(0.95, link_class="storage")]),
-    st.lists(st.integers(0, 400), min_size=2, max_size=2),  # collectives per rank this pass
-    st.sampled_from([0.05, 0.1, 0.1, 1.0, 7.0]),             # seconds since the last pass
-    st.booleans(),                                            # a rank races unseen
-)
-
-
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(declarations, st.lists(trace_step, min_size=1, max_size=80),
-       st.integers(1, 6), st.floats(0.0, 10.0), st.sampled_from([1, 4, 64]))
-def test_one_host_ranks_always_agree_and_rules_stay_declared(
-        declaration, trace, max_changes, hold, margin) -> None:
-    host = Host(max_changes_per_minute=max_changes, hold=hold, activation_margin=margin)
-    host.declare(declaration)
-    host.add(2)
-    allowed = {c.rules for c in derive(declaration).choices}
-    now = 0.0
-    for view, added, dt, racing in trace:
-        now += dt
-        for rank, count in enumerate(added):
-            host.advance(count, rank=rank)
-        if racing:
-            race(host)
-        host.step(view, now)
-        host.blind.clear()
-        host.between.clear()
-        for entry in host.job.entries.values():
-            assert entry.before_rules in allowed and entry.after_rules in allowed
-        assert agree(host)
-    local = [c.time for c in host.job.history if c.kind == "local"]
-    for t in local:
-        assert len([u for u in local if t <= u < t + 60.0]) <= max_changes
-
-
-@pytest.mark.parametrize("commit", [True, False])
-def test_an_outcome_heard_before_the_declaration_resolves_the_file(commit) -> None:
-    """A restarted agent may hear the outcome of its predecessor's arm before the
-    declaration comes again: the outcome needs no rules, only the file."""
-    host = multi_host()
-    arm(host)
-    message = TuningResolve(JOB, 1, commit, (Activation(wire_comm(COMM), 2000),))
-    resolved = resolved_policy(host.policy, message)
-    assert resolved is not None
-    entry = resolved.entry(COMM)
-    assert not entry.pending and entry.revision == host.entry().revision + 1
-    held = host.policy.view(COMM)
-    assert (resolved.view(COMM).after == held.after) is commit
-    for rank in host.ranks[COMM]:
-        rank.see(resolved.view(COMM))
-    host.advance(3000)
-    assert agree(host) and all(r.n == 3500 for r in host.ranks[COMM])
-    other = TuningResolve(JOB, 1, commit, (Activation(wire_comm(COMM), 1999),))
-    assert resolved_policy(host.policy, other) is None  # not this entry's switch
-
 
 # --- what mutation testing found unpinned ---------------------------------------------
 
