@@ -138,4 +138,4 @@ def test_each_domain_with_commands_holds_them_and_the_daemon_only_wires_them(
     assert source(f"agent.{domain}.commands"), domain
     daemon = (ROOT / "agent/daemon.py").read_text()
     assert f"{domain}_commands.commands(self" in daemon or (
-        domain == "links" and "link_commands.commands(self)" in daemon)
+        domain == "links" and "link_commands.commands(self." in daemon)

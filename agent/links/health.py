@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from agent.conditions import Finding
 from agent.links.settings import LinksSection
 from agent.links.types import LinkSample
-from agent.rdma.types import RdmaSample
+from agent.rdma.interface import RdmaSample
 from harmonaize.messages import Level, LinkHealth, Severity
 
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.config import AgentConfig
 from agent.kernel import sysfs
+from agent.kernel.bpfprobe import BpfUnavailable
 from agent.kernel.netlink import Netlink
 from agent.kernel.qdisc import InterfaceQdiscs, QdiscReader
 from agent.kernel.sysfs import DevCounters, NetDevice
@@ -32,7 +32,6 @@ from agent.links.datapath import (
     BYTES,
     EGRESS,
     PACKETS,
-    BpfUnavailable,
     Counters,
     LinkDatapath,
     Prefix,
@@ -40,7 +39,7 @@ from agent.links.datapath import (
 )
 from agent.links.settings import LinkMode, LinksSection
 from agent.links.types import LinkRates, LinkSample
-from agent.observers.base import FeatureAbsent, Observer, register
+from agent.observers.base import FeatureAbsent, Observer
 
 log = logging.getLogger(__name__)
 
@@ -434,10 +433,3 @@ class LinksObserver(Observer):
             retransmits, drops, errors, traffic.classes, account.totals(traffic),
             qdisc_drops_per_s=qdisc_drops, tc_drops_per_s=tc_drops,
         )
-
-
-def _factory(cfg: AgentConfig) -> Observer:
-    return LinksObserver(cfg.observers.links)
-
-
-register("links", _factory, enabled=lambda cfg: cfg.observers.links.enabled)

@@ -46,9 +46,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from agent.kernel import bpfload
 from agent.kernel.bpfload import Loaded
+from agent.kernel.bpfprobe import BpfUnavailable, default_bpf_dir, headers_present
 from agent.kernel.netlink import Netlink
 from agent.kernel.tc import EGRESS, Tc
-from agent.links.datapath import BpfUnavailable, default_bpf_dir, headers_present
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from agent.links.health import LevelHold, LinkJudgement
+from agent.links.interface import LevelHold, LinkJudgement
 from agent.plugin.layout import (
     MAX_COMMS,
     MAX_RULESETS,

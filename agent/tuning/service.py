@@ -34,10 +34,7 @@ from typing import Any
 
 from agent.conditions import Finding
 from agent.kernel import sysfs
-from agent.links.health import LinkJudgement
-from agent.links.settings import LinksSection
-from agent.links.types import LinkSample
-from agent.observations import Observations
+from agent.links.interface import LinkJudgement, LinkSample, LinksSection
 from agent.plugin.layout import NCCL_CAP_VERSION, U32_MAX, Policy, StatsSlots
 from agent.plugin.shm import (
     PolicyFile,
@@ -274,13 +271,13 @@ class TuningService:
 
     # --- each pass ------------------------------------------------------------------
 
-    def step(self, observations: Observations, links: Sequence[LinkJudgement],
+    def step(self, sample: LinkSample | None, links: Sequence[LinkJudgement],
              now: float) -> None:
-        """``links``: this pass's judgement of each link, from the link step health
-        holds its levels from (one judgement, one set of thresholds, for both)."""
+        """``sample``: this pass's link sample (None if it failed), for the traffic
+        classes; ``links``: this pass's judgement of each link, from the link step
+        health holds its levels from (one judgement, one set of thresholds, for both)."""
         if not (self.loop.jobs or self.files or self._orphans or self._shaped):
             return  # nothing declared, written or shaped: most passes on most hosts
-        sample = observations.links
         if self.loop.jobs:  # nothing to read or decide (or pay for) without declarations
             self.stats = {job: self.reader.read(job) for job in self.loop.jobs}
             try:
