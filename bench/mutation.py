@@ -31,7 +31,11 @@ MODULES = {
     "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
     "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
-    "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
+    # The tuning loop, split along its seams: each part scored by the loop's tests.
+    **{f"agent/tuning/{part}.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"]
+       for part in ("loop", "entries", "jobstate", "readiness", "reports", "multihost",
+                    "adoption")},
+    "agent/tuning/phases.py": ["tests/test_tuning_phases.py"],
     "agent/energy/engine.py": ["tests/test_energy_loop.py"],
     "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],

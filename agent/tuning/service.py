@@ -295,6 +295,21 @@ class TuningService:
                     log.info("removed the files of job %s: no declaration claimed them", job)
 
     def _run(self, actions: list[Action], now: float) -> None:
+        """Carry out the loop's actions. Where they wrote armed entries, the ranks'
+        fresh records are the loop's next input (:meth:`TuningLoop.confirm`) and its
+        answer is carried out in turn: one input after another, not a call back into
+        this method. Confirming decides every armed entry, so nothing is left armed."""
+        self._carry_out(actions)
+        waiting = self.loop.awaiting_confirmation()
+        if not waiting:
+            return
+        fresh = {name: self.reader.read(name) for name in waiting}
+        self.stats.update(fresh)
+        self._carry_out(self.loop.confirm(fresh, now))
+        if self.loop.awaiting_confirmation():  # only if the phase table refused a move
+            self._fail("armed entries left undecided after confirmation")
+
+    def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, WritePolicy):
                 self._write(action)
@@ -307,12 +322,6 @@ class TuningService:
                 self.groups.pop(action.job, None)
                 log.info("job %s: declaration withdrawn and communicators settled: "
                          "policy removed", action.job)
-        waiting = [name for name, job in self.loop.jobs.items() if job.arming or job.acking]
-        if waiting:
-            # Armed entries are in the files: what do the ranks say now?
-            fresh = {name: self.reader.read(name) for name in waiting}
-            self.stats.update(fresh)
-            self._run(self.loop.confirm(fresh, now), now)
 
     def _write(self, action: WritePolicy) -> bool:
         job = action.job
