@@ -23,7 +23,7 @@ ENGINES = (
     "agent.tuning.loop", "agent.tuning.policies", "agent.plugin.layout",
     "agent.tuning.phases", "agent.tuning.entries", "agent.tuning.jobstate",
     "agent.tuning.readiness", "agent.tuning.reports", "agent.tuning.multihost",
-    "agent.tuning.adoption", "agent.plugin.policy", "agent.plugin.codec",
+    "agent.tuning.adoption", "agent.tuning.htbplan", "agent.plugin.policy", "agent.plugin.codec",
     "agent.plugin.reference", "agent.plugin.stats",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
     "agent.rdma.cc", "agent.rdma.ccparams",

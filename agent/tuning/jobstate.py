@@ -16,6 +16,7 @@ from agent.plugin.layout import StatsSlot
 from agent.tuning.entries import Entry
 from agent.tuning.phases import PHASES, Event, Phase
 from agent.tuning.policies import DEFAULT, Derivation
+from agent.tuning.settings import TuningSection
 from harmonaize.messages import AckPhase, JobDeclaration, Level
 from harmonaize.switches import Record, disagreement
 
@@ -43,6 +44,15 @@ class LoopSettings:
     stall: float = 10.0
     #: Link classes whose congestion counts for the job's choice.
     link_classes: tuple[str, ...] = ("data",)
+
+    @classmethod
+    def of(cls, cfg: TuningSection) -> LoopSettings:
+        """The loop's part of the tuning section."""
+        return cls(max_changes_per_minute=cfg.max_changes_per_minute, hold=cfg.hold,
+                   activation_lead=cfg.activation_lead,
+                   activation_margin=cfg.activation_margin,
+                   report_interval=cfg.report_interval, stall=cfg.stall,
+                   link_classes=tuple(cfg.link_classes))
 
 
 
