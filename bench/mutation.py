@@ -35,7 +35,6 @@ MODULES = {
     **{f"agent/tuning/{part}.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"]
        for part in ("loop", "entries", "jobstate", "readiness", "reports", "multihost",
                     "adoption")},
-    "agent/tuning/phases.py": ["tests/test_tuning_phases.py"],
     "agent/energy/engine.py": ["tests/test_energy_loop.py"],
     "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],

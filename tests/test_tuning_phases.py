@@ -2,7 +2,8 @@
 loop driven through arm -> confirm, arm -> cancel and the controller's two phases.
 
 The table is written out again here, by hand, so a changed move in
-``agent.tuning.phases`` fails a test instead of passing with it.
+``agent.tuning.phases`` fails a test instead of passing with it (the mutation bench
+finds nothing to change in a table of enum members: this comparison is its check).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from agent.tuning import service as tuning_service
 from agent.tuning.loop import wire_comm
-from agent.tuning.phases import PHASES, Event, Phase, _moves
+from agent.tuning.phases import PHASES, Event, Phase
 from harmonaize import statemachine
 from harmonaize.messages import AckPhase, Activation, TuningArm, TuningResolve
 from harmonaize.statemachine import IllegalTransition
@@ -62,7 +63,6 @@ def test_every_phase_and_event_pair_moves_as_the_table_says_or_raises(
 
 def test_the_table_holds_exactly_the_expected_moves_and_every_phase_is_reachable() -> None:
     assert dict(PHASES.moves) == EXPECTED
-    assert _moves() == EXPECTED  # the builder itself, as the mutation bench changes it
     reached, frontier = {Phase.IDLE}, [Phase.IDLE]
     while frontier:
         phase = frontier.pop()

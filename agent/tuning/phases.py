@@ -62,27 +62,25 @@ SETTLED = (Phase.IDLE, Phase.CONFIRMED, Phase.CANCELLED)
 #: Phases whose entry is pending for a controller's outcome.
 AWAITING_CONTROLLER = (Phase.AGREEING, Phase.ACKNOWLEDGED, Phase.REFUSED)
 
-def _moves() -> dict[tuple[Phase, Event], Phase]:
-    """The table of legal moves (built by a function so the mutation bench reaches it)."""
-    return {
-        **{(settled, Event.ARM): Phase.ARMED for settled in SETTLED},
-        **{(settled, Event.ARM_AGREED): Phase.AGREEING for settled in SETTLED},
-        (Phase.IDLE, Event.ADOPTED_PENDING): Phase.ACKNOWLEDGED,
-        (Phase.ARMED, Event.VERIFIED): Phase.CONFIRMED,
-        (Phase.ARMED, Event.UNVERIFIED): Phase.CANCELLED,
-        (Phase.AGREEING, Event.VERIFIED): Phase.ACKNOWLEDGED,
-        (Phase.AGREEING, Event.UNVERIFIED): Phase.REFUSED,
-        # A resent arm (or one for what a restarted agent adopted) verifies again.
-        (Phase.ACKNOWLEDGED, Event.ARM_AGREED): Phase.AGREEING,
-        (Phase.REFUSED, Event.ARM_AGREED): Phase.AGREEING,
-        (Phase.AGREEING, Event.COMMIT): Phase.CONFIRMED,
-        (Phase.ACKNOWLEDGED, Event.COMMIT): Phase.CONFIRMED,
-        (Phase.AGREEING, Event.ABORT): Phase.CANCELLED,
-        (Phase.ACKNOWLEDGED, Event.ABORT): Phase.CANCELLED,
-        (Phase.REFUSED, Event.ABORT): Phase.CANCELLED,
-    }
+_MOVES: dict[tuple[Phase, Event], Phase] = {
+    **{(settled, Event.ARM): Phase.ARMED for settled in SETTLED},
+    **{(settled, Event.ARM_AGREED): Phase.AGREEING for settled in SETTLED},
+    (Phase.IDLE, Event.ADOPTED_PENDING): Phase.ACKNOWLEDGED,
+    (Phase.ARMED, Event.VERIFIED): Phase.CONFIRMED,
+    (Phase.ARMED, Event.UNVERIFIED): Phase.CANCELLED,
+    (Phase.AGREEING, Event.VERIFIED): Phase.ACKNOWLEDGED,
+    (Phase.AGREEING, Event.UNVERIFIED): Phase.REFUSED,
+    # A resent arm (or one for what a restarted agent adopted) verifies again.
+    (Phase.ACKNOWLEDGED, Event.ARM_AGREED): Phase.AGREEING,
+    (Phase.REFUSED, Event.ARM_AGREED): Phase.AGREEING,
+    (Phase.AGREEING, Event.COMMIT): Phase.CONFIRMED,
+    (Phase.ACKNOWLEDGED, Event.COMMIT): Phase.CONFIRMED,
+    (Phase.AGREEING, Event.ABORT): Phase.CANCELLED,
+    (Phase.ACKNOWLEDGED, Event.ABORT): Phase.CANCELLED,
+    (Phase.REFUSED, Event.ABORT): Phase.CANCELLED,
+}
 
 
 #: The tuning phase of one communicator.
 PHASES: Machine[Phase, Event] = Machine(
-    "tuning_phase", _moves(), states=tuple(Phase), events=tuple(Event))
+    "tuning_phase", _MOVES, states=tuple(Phase), events=tuple(Event))
