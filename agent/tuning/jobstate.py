@@ -11,12 +11,12 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from agent.links.interface import LevelHold
 from agent.plugin.layout import StatsSlot
 from agent.tuning.entries import Entry
 from agent.tuning.phases import PHASES, Event, Phase
 from agent.tuning.policies import DEFAULT, Derivation
 from agent.tuning.settings import TuningSection
+from harmonaize.hysteresis import LevelHold
 from harmonaize.messages import AckPhase, JobDeclaration, Level
 from harmonaize.switches import Record, disagreement
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from agent.links.interface import LevelHold, LinkJudgement
+from agent.links.interface import LinkJudgement
 from agent.plugin.layout import MAX_COMMS, StatsSlot
 from agent.tuning.adoption import Adoption
 from agent.tuning.entries import (
@@ -86,6 +86,7 @@ from agent.tuning.multihost import MultiHostSteps
 from agent.tuning.phases import Event, Phase
 from agent.tuning.policies import CHOICE_NAMES, DEFAULT, Choice, derive, severity_of
 from agent.tuning.readiness import armed, not_ready, unverified
+from harmonaize.hysteresis import LevelHold
 from harmonaize.messages import JobDeclaration, Level
 
 __all__ = ["GUARD", "HISTORY", "PREVIOUS", "Action", "Change", "CommState", "Entry", "JobState",
