@@ -452,12 +452,12 @@ class AgentDaemon:
         if self.remediation is not None:
             self.remediation.step(result.gpus.gpus, now)
         if self.tuning is not None:
-            self.tuning.step(observations, result.links.judged, now)
+            self.tuning.step(observations.links, result.links.judged, now)
         if self.energy is not None:
             self.energy.step(observations.gpu, self.declarations.jobs, now,
                              [v.index for v in result.gpus.gpus if v.state in OUT_OF_SERVICE])
         if self.rdma_cc is not None:
-            self.rdma_cc.step(observations, now)
+            self.rdma_cc.step(observations.rdma, now)
         if self.republisher.due(summary, now) and self.uplink is not None:
             self.uplink.publish(summary)
 
@@ -535,8 +535,8 @@ class AgentDaemon:
         """The daemon's own commands, then each domain's (in the order ``help`` lists)."""
         return {
             "status": Command(self._cmd_status, "agent, observers, health and uplink"),
-            **link_commands.commands(self),
-            **rdma_commands.commands(self),
+            **link_commands.commands(self.observers, self._links_pass),
+            **rdma_commands.commands(self, lambda: self.observations.rdma),
             **gpu_commands.commands(self),
             **host_commands.commands(self, lambda: self._step(time.time())),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
@@ -544,6 +544,13 @@ class AgentDaemon:
             **remediation_commands.commands(self),
             **tuning_commands.commands(self, self._declared),
         }
+
+    def _links_pass(self) -> link_commands.LinksPass:
+        """The latest pass as the ``links`` command shows it."""
+        step = self.last_step
+        return link_commands.LinksPass(
+            self.observations.links, self.observations.rdma,
+            step.links.links if step else (), step.summary.links if step else None)
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
         self.observers.refresh_details()

@@ -29,6 +29,19 @@ SCHEDULER_ENGINE_TESTS = ["tests/controller/scheduler/test_engine.py",
                           "tests/controller/scheduler/test_table.py",
                           "tests/controller/scheduler/test_engine_arithmetic.py",
                           "tests/controller/scheduler/test_engine_rows_and_notes.py"]
+#: The tuning loop's tests, one file per part of what it does.
+TUNING_LOOP_TESTS = ["tests/agent/tuning/test_loop.py",
+                     "tests/agent/tuning/test_loop_one_host.py",
+                     "tests/agent/tuning/test_loop_restart.py",
+                     "tests/agent/tuning/test_loop_properties.py",
+                     "tests/agent/tuning/test_loop_edges.py",
+                     "tests/agent/tuning/test_loop_adoption.py",
+                     "tests/agent/tuning/test_loop_multi_host.py",
+                     "tests/agent/tuning/test_loop_several_jobs.py",
+                     "tests/agent/tuning/test_loop_two_phases.py",
+                     "tests/agent/tuning/test_loop_operator_wording.py",
+                     "tests/agent/tuning/test_loop_withdrawal.py",
+                     "tests/agent/tuning/test_loop_mutation_pins.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/agent/test_outbox.py", "tests/agent/test_outbox_rules.py"],
@@ -43,18 +56,10 @@ MODULES = {
                                 "tests/controller/test_agreement_paused.py"],
     "harmonaize/messages.py": ["tests/wire/test_codec.py", "tests/wire/test_codec_rules.py"],
     "agent/conditions.py": ["tests/agent/test_step.py", "tests/agent/test_conditions.py"],
-    "agent/tuning/loop.py": ["tests/agent/tuning/test_loop.py",
-                             "tests/agent/tuning/test_loop_one_host.py",
-                             "tests/agent/tuning/test_loop_restart.py",
-                             "tests/agent/tuning/test_loop_properties.py",
-                             "tests/agent/tuning/test_loop_edges.py",
-                             "tests/agent/tuning/test_loop_adoption.py",
-                             "tests/agent/tuning/test_loop_multi_host.py",
-                             "tests/agent/tuning/test_loop_several_jobs.py",
-                             "tests/agent/tuning/test_loop_two_phases.py",
-                             "tests/agent/tuning/test_loop_operator_wording.py",
-                             "tests/agent/tuning/test_loop_withdrawal.py",
-                             "tests/agent/tuning/test_loop_mutation_pins.py"],
+    # The tuning loop, split along its seams: each part scored by the loop's tests.
+    **{f"agent/tuning/{part}.py": TUNING_LOOP_TESTS
+       for part in ("loop", "entries", "jobstate", "readiness", "reports", "multihost",
+                    "adoption")},
     "agent/energy/engine.py": ["tests/agent/energy/test_engine.py"],
     "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,

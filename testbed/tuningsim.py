@@ -43,7 +43,6 @@ from typing import Any
 from agent.links.health import LinkJudgement, judge, views
 from agent.links.settings import LinksSection
 from agent.links.types import LinkRates, LinkSample
-from agent.observations import Observations
 from agent.plugin.shm import policy_path, prepare_dirs
 from agent.tuning.service import TuningService
 from agent.tuning.settings import TuningSection
@@ -598,7 +597,7 @@ class _Play:
                 host.declared = True
             if tick:
                 level = _congestion(self.schedule, host.index, now)
-                service.step(Observations(links=link_sample(level)), link_judgements(level), now)
+                service.step(link_sample(level), link_judgements(level), now)
         except AgentKilled:
             _kill(host, now, host.kill_delay, "agent-kill")
 

@@ -60,7 +60,7 @@ class Agent:
 
 
 #: Tests run one or two hosts: let aggregates through at once (the product's
-#: defaults hold them back until 5 hosts and 10 s apart; tests/test_redaction
+#: defaults hold them back until 5 hosts and 10 s apart; tests/controller/test_redaction
 #: covers those rules).
 SMALL_CLUSTER = "[redaction]\nmode = \"redacted\"\nmin_hosts = 1\nmin_interval = 0\njitter = 0\n"
 

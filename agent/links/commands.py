@@ -1,38 +1,48 @@
-"""The links domain's operator command: ``links`` (rates, traffic classes, levels)."""
+"""The links domain's operator command: ``links`` (rates, traffic classes, levels).
+
+The daemon (the composition layer) hands in what it needs: the observers and, per
+call, the latest pass as links sees it (:class:`LinksPass`).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from agent.links.health import LinkLevels
 from agent.links.observer import LinksObserver
+from agent.links.types import LinkSample
 from agent.links.views import links_table
+from agent.observers.base import ObserverSet
+from agent.rdma.interface import RdmaSample
+from harmonaize.messages import LinkHealth
 from harmonaize.opsocket import Command
 from harmonaize.schema import to_plain
 
-if TYPE_CHECKING:
-    from agent.observations import Observations
-    from agent.observers.base import ObserverSet
-    from agent.step import HealthStep
+
+@dataclass(frozen=True)
+class LinksPass:
+    """The latest pass, the part the ``links`` command shows."""
+
+    sample: LinkSample | None
+    rdma: RdmaSample | None
+    #: Each link's held levels; empty before the first step.
+    levels: tuple[LinkLevels, ...] = ()
+    #: Per-class health as the summary reports it; None before the first step.
+    classes: tuple[LinkHealth, ...] | None = None
 
 
-class Shell(Protocol):
-    """What the command reads of the daemon: its observers and the latest pass."""
-
-    observers: ObserverSet
-    observations: Observations
-    last_step: HealthStep | None
-
-
-def commands(shell: Shell) -> dict[str, Command]:
-    return {"links": Command(lambda args: links_view(shell),
+def commands(observers: ObserverSet, latest: Callable[[], LinksPass]) -> dict[str, Command]:
+    return {"links": Command(lambda args: links_view(observers, latest()),
                              "link rates, traffic classes and levels")}
 
 
-def links_view(shell: Shell) -> dict[str, Any]:
-    links = shell.observers.get("links")
-    record = shell.observers.records.get("links")
-    sample, rdma, step = shell.observations.links, shell.observations.rdma, shell.last_step
-    levels = {level.name: level for level in step.links.links} if step else {}
+def links_view(observers: ObserverSet, latest: LinksPass) -> dict[str, Any]:
+    links = observers.get("links")
+    record = observers.records.get("links")
+    sample, rdma = latest.sample, latest.rdma
+    levels = {level.name: level for level in latest.levels}
 
     def with_levels(row: dict[str, Any]) -> dict[str, Any]:
         level = levels.get(row["name"])
@@ -51,5 +61,5 @@ def links_view(shell: Shell) -> dict[str, Any]:
         "retransmits_per_s": getattr(sample, "retransmits_per_s", None),
         "drops_by_reason": links.drops_by_reason()
         if isinstance(links, LinksObserver) and running else {},
-        "classes": [to_plain(h) for h in step.summary.links] if step else [],
+        "classes": [to_plain(h) for h in latest.classes] if latest.classes is not None else [],
     }

@@ -11,7 +11,6 @@ descriptors and reads the maps with bpf(2).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import platform
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from agent.kernel import bpfload, tracefs
 from agent.kernel.bpfload import Loaded
+from agent.kernel.bpfprobe import BpfUnavailable, bcc_present, default_bpf_dir, headers_present
 from agent.kernel.bpfsys import BpfMap, ProgStats, prog_stats
 from agent.kernel.sysfs import NetDevice
 from agent.kernel.tc import Tc
@@ -34,33 +34,6 @@ FIELDS = 4  # bytes, packets, ECN-capable, CE-marked
 BYTES, PACKETS, ECT, CE = range(FIELDS)
 INGRESS, EGRESS = 0, 1
 COUNTERS_SIZE = DIRS * CLASSES * FIELDS * 8
-
-
-class BpfUnavailable(Exception):
-    """The eBPF datapath cannot run here; the message says why in one line."""
-
-
-def default_bpf_dir() -> Path:
-    """Where the C sources are: next to the package, or where an install put them."""
-    candidates = [
-        os.environ.get("HARMONAIZE_BPF_DIR", ""),
-        str(Path(__file__).resolve().parents[2] / "bpf"),
-        "/usr/share/harmonaize/bpf",
-        "/usr/local/share/harmonaize/bpf",
-    ]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "link_counters.c").is_file():
-            return Path(candidate)
-    return Path(candidates[1])
-
-
-def headers_present() -> bool:
-    if os.environ.get("BCC_KERNEL_SOURCE"):
-        return True
-    release = platform.release()
-    return (Path("/lib/modules") / release / "build").exists() or Path(
-        "/sys/kernel/kheaders.tar.xz"
-    ).exists()
 
 
 def dscp_map(classes: dict[int, Sequence[int]] | None = None) -> list[int]:
@@ -163,7 +136,7 @@ class LinkDatapath:
     def load(self, devices: Sequence[NetDevice]) -> None:
         """Compile and load, for ``devices``, in a child process; fail with one clear
         sentence. Each interface gets its own pair of programs (see bpf/link_counters.c)."""
-        if importlib.util.find_spec("bcc") is None:
+        if not bcc_present():
             raise BpfUnavailable("bcc is not installed (Debian package python3-bpfcc)")
         if os.geteuid() != 0:
             raise BpfUnavailable("loading eBPF programs needs root (CAP_BPF, CAP_NET_ADMIN)")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from agent.conditions import Finding
 from agent.links.settings import LinksSection
 from agent.links.types import LinkSample
-from agent.rdma.types import RdmaSample
+from agent.rdma.interface import RdmaSample
+from harmonaize.hysteresis import LevelHold
 from harmonaize.messages import Level, LinkHealth, Severity
 
 
@@ -109,39 +110,6 @@ def judge(view: LinkView, cfg: LinksSection) -> LinkJudgement:
         f"{view.name}: {congestion.value}: utilization {(view.utilization or 0.0):.0%}, "
         f"CE/CNP {view.ce_fraction:.2%}, retransmits {view.retransmit_fraction:.2%}",
     )
-
-
-@dataclass
-class LevelHold:
-    """Rises at once; falls only after lower raw levels persisted ``hold`` seconds.
-
-    It falls to the highest raw level seen while it waited, so high -> low ->
-    none takes two holds, as a level that only just went quiet should.
-    """
-
-    hold: float
-    level: Level = Level.NONE
-    _lower_since: float | None = None
-    _lower_max: Level = Level.NONE
-
-    def falls_at(self) -> float:
-        """When the held level falls if the raw level stays below it (inf: it is not
-        waiting to fall)."""
-        return float("inf") if self._lower_since is None else self._lower_since + self.hold
-
-    def update(self, raw: Level, now: float) -> Level:
-        if raw.rank >= self.level.rank:
-            self.level, self._lower_since = raw, None
-            return self.level
-        if self._lower_since is None:
-            self._lower_since, self._lower_max = now, raw
-            return self.level
-        if raw.rank > self._lower_max.rank:
-            self._lower_max = raw
-        if now - self._lower_since >= self.hold:
-            self.level = self._lower_max
-            self._lower_since, self._lower_max = now, raw
-        return self.level
 
 
 @dataclass(frozen=True)

@@ -8,44 +8,37 @@ kernel headers, no tracefs, or ``mode = "proc"``) the same rates come from
 and the observer's detail line says why.
 """
 
-# Over 400 lines because the eBPF, tracefs and /proc paths must produce the same LinkSample;
-# they share the rate arithmetic and the fallback decision, so they live together.
-
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.config import AgentConfig
 from agent.kernel import sysfs
-from agent.kernel.netlink import Netlink
+from agent.kernel.bpfprobe import BpfUnavailable
 from agent.kernel.qdisc import InterfaceQdiscs, QdiscReader
+from agent.kernel.routes import RouteCache
 from agent.kernel.sysfs import DevCounters, NetDevice
 from agent.links.counting import LinkAccount, bpf_traffic, dev_traffic, rate
 from agent.links.datapath import (
     BYTES,
     EGRESS,
     PACKETS,
-    BpfUnavailable,
     Counters,
     LinkDatapath,
-    Prefix,
     dscp_map,
 )
 from agent.links.settings import LinkMode, LinksSection
 from agent.links.types import LinkRates, LinkSample
-from agent.observers.base import FeatureAbsent, Observer, register
+from agent.observers.base import FeatureAbsent, Observer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CLASS = "data"
-ROUTE_TTL = 30.0
 #: In eBPF mode, /proc/net/dev (drops, errors) and /proc/net/snmp (retransmitted
 #: segments) are re-read this often (seconds).
 DEV_PERIOD = 1.0
@@ -76,38 +69,6 @@ def _utilization(bps: float, speed_mbps: int | None) -> float | None:
     if not speed_mbps:
         return None
     return min(1.0, bps / (speed_mbps * 1e6))
-
-
-class RouteCache:
-    """Which interface a peer prefix is reached through (for retransmit attribution)."""
-
-    def __init__(self) -> None:
-        self._netlink: Netlink | None = None
-        self._cache: dict[Prefix, tuple[int | None, float]] = {}
-
-    def oif(self, prefix: Prefix, now: float) -> int | None:
-        hit = self._cache.get(prefix)
-        if hit is not None and now - hit[1] < ROUTE_TTL:
-            return hit[0]
-        oif = None
-        try:
-            if self._netlink is None:
-                self._netlink = Netlink()
-            address = str(ipaddress.ip_address(prefix.address))
-            ipr = self._netlink.ipr
-            routes = self._netlink.call(lambda: list(ipr.route("get", dst=address)))
-            oif = routes[0].get_attr("RTA_OIF") if routes else None
-        except Exception:  # unreachable prefix: unattributed
-            oif = None
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[prefix] = (oif, now)
-        return oif
-
-    def close(self) -> None:
-        if self._netlink is not None:
-            self._netlink.close()
-            self._netlink = None
 
 
 class LinksObserver(Observer):
@@ -434,10 +395,3 @@ class LinksObserver(Observer):
             retransmits, drops, errors, traffic.classes, account.totals(traffic),
             qdisc_drops_per_s=qdisc_drops, tc_drops_per_s=tc_drops,
         )
-
-
-def _factory(cfg: AgentConfig) -> Observer:
-    return LinksObserver(cfg.observers.links)
-
-
-register("links", _factory, enabled=lambda cfg: cfg.observers.links.enabled)

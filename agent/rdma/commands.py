@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent.rdma.types import RdmaSample
 from harmonaize.opsocket import Command
 
 if TYPE_CHECKING:
-    from agent.observations import Observations
     from agent.rdma.service import RdmaCcService
 
 
 class Shell(Protocol):
-    """What the command reads of the daemon: the latest pass and the control shell."""
+    """What the command reads of the daemon: the control shell."""
 
-    observations: Observations
     rdma_cc: RdmaCcService | None
 
 
-def commands(shell: Shell) -> dict[str, Command]:
-    return {"rdma": Command(lambda args: rdma_view(shell),
+def commands(shell: Shell, latest: Callable[[], RdmaSample | None]) -> dict[str, Command]:
+    """``latest``: the latest pass's RDMA sample (the daemon, the composition, hands it in)."""
+    return {"rdma": Command(lambda args: rdma_view(shell, latest()),
                             "RDMA ports' counters; congestion control: values, originals, why")}
 
 
-def rdma_view(shell: Shell) -> dict[str, Any]:
-    sample = shell.observations.rdma
+def rdma_view(shell: Shell, sample: RdmaSample | None) -> dict[str, Any]:
     ports = [{
         "name": port.name, "netdev": port.netdev, "state": port.state, "up": port.up,
         "rate_gbps": port.rate_gbps, "tx_bps": port.tx_bps, "rx_bps": port.rx_bps,

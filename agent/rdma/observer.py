@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.config import AgentConfig
-from agent.observers.base import FeatureAbsent, Observer, register
+from agent.observers.base import FeatureAbsent, Observer
 from agent.rdma.settings import RdmaSection
 from agent.rdma.types import RdmaPortRates, RdmaSample, RdmaTotals
 
@@ -217,10 +216,3 @@ class RdmaObserver(Observer):
             saturated=tuple(sorted(set(saturated))),
             totals=totals,
         )
-
-
-def _factory(cfg: AgentConfig) -> Observer:
-    return RdmaObserver(cfg.observers.rdma)
-
-
-register("rdma", _factory, enabled=lambda cfg: cfg.observers.rdma.enabled)

@@ -17,13 +17,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agent.observations import Observations
 from agent.rdma import knobs
 from agent.rdma.cc import CcLoop, CcObservations, DeviceSettings, SetKnob
 from agent.rdma.ccparams import PARAMS, enable_knob
 from agent.rdma.observer import discover
 from agent.rdma.originals import Original, Originals, OriginalsError
 from agent.rdma.settings import CcDeviceSection, RdmaCcSection, Switch
+from agent.rdma.types import RdmaSample
 from harmonaize.schema import to_plain
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,12 @@ class RdmaCcService:
     def next_deadline(self) -> float:
         return float("inf") if self.refused else self.loop.next_deadline()
 
-    def step(self, observations: Observations, now: float) -> None:
+    def step(self, sample: RdmaSample | None, now: float) -> None:
         if now < self.next_deadline():
             return
         settings = tuple(self._settings(device) for device in self.cfg.devices)
         self.current = {s.device: s for s in settings}
-        for action in self.loop.step(CcObservations(observations.rdma, settings), now):
+        for action in self.loop.step(CcObservations(sample, settings), now):
             self._apply(action, now)
 
     @staticmethod

@@ -41,6 +41,11 @@ class Experience:
     observed_seconds: float = 0.0
 
 
+def experience(congested: float, observed: float, retransmitting: bool) -> Experience:
+    """What a job saw: the share of its observed time its links were congested."""
+    return Experience(congested / observed if observed else 0.0, retransmitting, observed)
+
+
 def _channel_bounds(declaration: JobDeclaration) -> tuple[int, int] | None:
     """A channel count inside every bandwidth-bound declared range, if one exists
     (NCCL's channel limits apply to the whole communicator, not per range)."""

@@ -10,9 +10,12 @@ may be a directory service, and the agent's pass must not wait on it often.
 from __future__ import annotations
 
 import grp
+import logging
 import pwd
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 #: A group with more users than this is cut there (a job's group is small).
 MAX_USERS = 4096
@@ -57,3 +60,17 @@ def members(group: str) -> tuple[int, ...]:
         if user.pw_gid == entry.gr_gid:
             uids.add(user.pw_uid)
     return tuple(sorted(uids))
+
+
+def resolve_group(group: str) -> int | None:
+    """A group name or number from a placement; None (root only) if empty or unknown."""
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        log.warning("group %r is not known on this host: only root's processes can follow "
+                    "the job's policy", group)
+        return None

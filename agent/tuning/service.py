@@ -19,13 +19,9 @@ while no agent runs every rank keeps what it follows. Files of jobs no
 declaration claims within ``orphan_grace`` seconds of a start are removed.
 """
 
-# Over 400 lines because it is the tuning domain's I/O shell (files, groups, HTB, next-launch text,
-# the controller's phases); each part is short and all share the job table.
-
 from __future__ import annotations
 
 import dataclasses
-import grp
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,11 +30,8 @@ from typing import Any
 
 from agent.conditions import Finding
 from agent.kernel import sysfs
-from agent.links.health import LinkJudgement
-from agent.links.settings import LinksSection
-from agent.links.types import LinkSample
-from agent.observations import Observations
-from agent.plugin.layout import NCCL_CAP_VERSION, U32_MAX, Policy, StatsSlots
+from agent.links.interface import LinkJudgement, LinkSample, LinksSection
+from agent.plugin.layout import U32_MAX, Policy, StatsSlots
 from agent.plugin.shm import (
     PolicyFile,
     StatsLimits,
@@ -52,8 +45,9 @@ from agent.plugin.shm import (
     remove_job_dir,
     write_launch,
 )
-from agent.tuning import nextlaunch
+from agent.tuning import nextlaunch, views
 from agent.tuning.htb import BulkJob, HtbShaper, assign_minors, plan
+from agent.tuning.htbplan import bulk_jobs
 from agent.tuning.loop import (
     Action,
     LoopSettings,
@@ -64,54 +58,23 @@ from agent.tuning.loop import (
     build_policy,
     resolved_policy,
 )
-from agent.tuning.owners import GroupUsers
-from agent.tuning.policies import CHOICE_NAMES, describe_rule
+from agent.tuning.owners import GroupUsers, resolve_group
 from agent.tuning.settings import TuningSection
 from harmonaize.messages import (
     AckPhase,
     JobDeclaration,
     Message,
-    Severity,
     TuningAck,
     TuningArm,
     TuningResolve,
 )
-from harmonaize.opsocket import CommandError
-from harmonaize.schema import to_plain
 
 log = logging.getLogger(__name__)
 
 #: Next-launch files are recomputed this often (seconds).
 LAUNCH_PERIOD = 10.0
 
-__all__ = ["TuningService", "launch_path", "resolve_group", "settings_from"]
-
-
-def settings_from(cfg: TuningSection) -> LoopSettings:
-    return LoopSettings(
-        max_changes_per_minute=cfg.max_changes_per_minute, hold=cfg.hold,
-        activation_lead=cfg.activation_lead, activation_margin=cfg.activation_margin,
-        report_interval=cfg.report_interval, stall=cfg.stall,
-        link_classes=tuple(cfg.link_classes))
-
-
-def limits_from(cfg: TuningSection) -> StatsLimits:
-    return StatsLimits(per_job=cfg.stats_files_per_job, per_uid=cfg.stats_files_per_uid,
-                       per_read=cfg.stats_files_per_pass, seqlock_tries=cfg.stats_seqlock_tries)
-
-
-def resolve_group(group: str) -> int | None:
-    """A group name or number from a placement; None (root only) if empty or unknown."""
-    if not group:
-        return None
-    if group.isdigit():
-        return int(group)
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        log.warning("group %r is not known on this host: only root's processes can follow "
-                    "the job's policy", group)
-        return None
+__all__ = ["TuningService", "launch_path", "resolve_group"]
 
 
 class TuningService:
@@ -121,9 +84,11 @@ class TuningService:
         self.links_cfg = links
         self.publish = publish
         self.dir = Path(cfg.policy_dir)
-        self.loop = TuningLoop(settings_from(cfg))
+        self.loop = TuningLoop(LoopSettings.of(cfg))
         #: The ranks' stats files, read with bounded work per look (they are a tenant's).
-        self.reader = StatsReader(self.dir, limits_from(cfg))
+        self.reader = StatsReader(self.dir, StatsLimits(
+            per_job=cfg.stats_files_per_job, per_uid=cfg.stats_files_per_uid,
+            per_read=cfg.stats_files_per_pass, seqlock_tries=cfg.stats_seqlock_tries))
         self.shaper = htb if htb is not None else (HtbShaper() if cfg.htb else None)
         self._owners = GroupUsers()
         self.files: dict[str, PolicyFile] = {}
@@ -274,13 +239,13 @@ class TuningService:
 
     # --- each pass ------------------------------------------------------------------
 
-    def step(self, observations: Observations, links: Sequence[LinkJudgement],
+    def step(self, sample: LinkSample | None, links: Sequence[LinkJudgement],
              now: float) -> None:
-        """``links``: this pass's judgement of each link, from the link step health
-        holds its levels from (one judgement, one set of thresholds, for both)."""
+        """``sample``: this pass's link sample (None if it failed), for the traffic
+        classes; ``links``: this pass's judgement of each link, from the link step
+        health holds its levels from (one judgement, one set of thresholds, for both)."""
         if not (self.loop.jobs or self.files or self._orphans or self._shaped):
             return  # nothing declared, written or shaped: most passes on most hosts
-        sample = observations.links
         if self.loop.jobs:  # nothing to read or decide (or pay for) without declarations
             self.stats = {job: self.reader.read(job) for job in self.loop.jobs}
             try:
@@ -298,6 +263,21 @@ class TuningService:
                     log.info("removed the files of job %s: no declaration claimed them", job)
 
     def _run(self, actions: list[Action], now: float) -> None:
+        """Carry out the loop's actions. Where they wrote armed entries, the ranks'
+        fresh records are the loop's next input (:meth:`TuningLoop.confirm`) and its
+        answer is carried out in turn: one input after another, not a call back into
+        this method. Confirming decides every armed entry, so nothing is left armed."""
+        self._carry_out(actions)
+        waiting = self.loop.awaiting_confirmation()
+        if not waiting:
+            return
+        fresh = {name: self.reader.read(name) for name in waiting}
+        self.stats.update(fresh)
+        self._carry_out(self.loop.confirm(fresh, now))
+        if self.loop.awaiting_confirmation():  # only if the phase table refused a move
+            self._fail("armed entries left undecided after confirmation")
+
+    def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, WritePolicy):
                 self._write(action)
@@ -310,12 +290,6 @@ class TuningService:
                 self.groups.pop(action.job, None)
                 log.info("job %s: declaration withdrawn and communicators settled: "
                          "policy removed", action.job)
-        waiting = [name for name, job in self.loop.jobs.items() if job.arming or job.acking]
-        if waiting:
-            # Armed entries are in the files: what do the ranks say now?
-            fresh = {name: self.reader.read(name) for name in waiting}
-            self.stats.update(fresh)
-            self._run(self.loop.confirm(fresh, now), now)
 
     def _write(self, action: WritePolicy) -> bool:
         job = action.job
@@ -349,37 +323,16 @@ class TuningService:
     # --- operator conditions --------------------------------------------------------
 
     def findings(self) -> list[Finding]:
-        """Conditions for operators: ranks that disagree, ranks that wait. INFO: they
-        are about a job, not the host's hardware (the host stays healthy)."""
-        diverged, paused = [], []
-        for name, job in sorted(self.loop.jobs.items()):
-            diverged += [f"job {name} comm {line}" for line in job.diverged]
-            for comm in job.comms.values():
-                waiting = [s for s in comm.slots if s.waiting]
-                if waiting:
-                    paused.append(f"job {name} comm {comm.comm_id:#x}: {len(waiting)} rank(s) "
-                                  f"wait at collective {waiting[0].wait_at} for a change to be "
-                                  "confirmed")
-        return [
-            Finding("TuningDiverged", bool(diverged), Severity.INFO,
-                    "RanksDisagree" if diverged else "", "; ".join(diverged)[:1000]),
-            Finding("TuningPaused", bool(paused), Severity.INFO,
-                    "WaitingForConfirmation" if paused else "", "; ".join(paused)[:1000]),
-        ]
+        """Conditions for operators: ranks that disagree, ranks that wait."""
+        return views.findings(self.loop)
 
     # --- traffic classes ------------------------------------------------------------
 
     def bulk_jobs(self) -> list[BulkJob]:
         """In the order the jobs were declared: a port or DSCP value two jobs claim is the
-        first one's (htb.plan)."""
-        out = []
-        for name, job in self.loop.jobs.items():
-            bulk = job.declaration.bulk
-            if bulk is not None and not job.retiring and (bulk.ports or bulk.dscp):
-                # Only the job's own users' sockets: its group's, from its placement.
-                out.append(BulkJob(name, bulk.floor_mbps, bulk.ports, bulk.dscp,
-                                   self._owners.uids(job.declaration.group)))
-        return out
+        first one's (htb.plan); only the job's own users' sockets (its group's)."""
+        return bulk_jobs(((name, job.declaration) for name, job in self.loop.jobs.items()
+                          if not job.retiring), self._owners.uids)
 
     def _shape(self, sample: LinkSample | None) -> None:
         if self.shaper is None:
@@ -409,8 +362,7 @@ class TuningService:
 
     def experience(self, job: str) -> nextlaunch.Experience:
         state = self.loop.jobs[job]
-        share = state.congested / state.observed if state.observed else 0.0
-        return nextlaunch.Experience(share, state.retransmitting, state.observed)
+        return nextlaunch.experience(state.congested, state.observed, state.retransmitting)
 
     def recommendations(self, job: str) -> dict[str, tuple[str, str]]:
         return nextlaunch.recommend(
@@ -435,12 +387,6 @@ class TuningService:
 
     # --- operator views -------------------------------------------------------------
 
-    def _job(self, job: Any) -> str:
-        if not isinstance(job, str) or job not in self.loop.jobs:
-            known = ", ".join(sorted(self.loop.jobs)) or "none"
-            raise CommandError(f"no declaration for job {job!r:.140} (declared: {known})")
-        return job
-
     def configure(self, links: LinksSection) -> None:
         """A reload's new link settings, shown by ``jobs``. The judging itself is link
         health's (its engine was configured alike); the rest of the tuning section
@@ -448,91 +394,7 @@ class TuningService:
         self.links_cfg = links
 
     def jobs_view(self, now: float) -> dict[str, Any]:
-        rows = []
-        htb = self.shaper.describe() if self.shaper is not None else {}
-        for name, job in sorted(self.loop.jobs.items()):
-            rows.append({
-                "job": name,
-                "revision": job.declaration.revision,
-                "ranges": len(job.declaration.tuning),
-                "choice": job.choice,
-                "wanted": CHOICE_NAMES[job.desired_severity],
-                "mode": "multi-host" if job.multi else "one host",
-                "communicators": len([c for c in job.comms.values() if c.slots]),
-                "pending": self.loop.pending_activations(name),
-                "bulk_floor_mbps": job.declaration.bulk.floor_mbps
-                if job.declaration.bulk else None,
-                "reason": job.reason,
-                "waiting": job.waiting or ("withdrawn" if job.retiring else ""),
-                "diverged": job.diverged,
-            })
-        return {"jobs": rows, "link_level": self.loop.raw.value,
-                "evidence": self.loop.evidence, "policy_dir": str(self.dir),
-                "thresholds": {name: getattr(self.links_cfg, name)
-                               for name in sorted(LinksSection.LIVE)},
-                "traffic_classes": htb, "errors": self.errors, "last_error": self.last_error,
-                # Tenants' stats files beyond the caps (ignored), left to later looks, and
-                # slots read mid-update, since the start: what a tenant made the agent skip.
-                "stats_files": {"ignored": self.reader.totals["excess"],
-                                "deferred": self.reader.totals["deferred"],
-                                "stale_slots": self.reader.totals["stale"],
-                                "malformed": self.reader.totals["malformed"]}}
+        return views.jobs_view(self, now)
 
     def policy_view(self, args: Mapping[str, Any], now: float) -> dict[str, Any]:
-        name = self._job(args.get("job"))
-        job = self.loop.jobs[name]
-        stats = self.stats.get(name, StatsSlots())
-        versions = {s.nccl_version for s in stats}
-        return {
-            "job": name,
-            "declaration": to_plain(job.declaration),
-            "fingerprint": job.derivation.fingerprint,
-            "choices": [{"name": c.name, "severity": c.severity, "summary": c.summary,
-                         "rules": [describe_rule(r) for r in c.rules]}
-                        for c in job.derivation.choices],
-            "notes": list(job.derivation.notes),
-            "choice": job.choice,
-            "reason": job.reason,
-            "waiting": job.waiting,
-            "mode": "multi-host" if job.multi else "one host",
-            "decision": job.acked[0] or None,
-            "cancelled": job.aborted,
-            "unlisted": [f"{c:#018x}" for c in sorted(job.unlisted)],
-            "orphaned": [f"{c:#018x}" for c in sorted(job.orphaned)],
-            "group": self.groups.get(name),
-            "policy_file": str(policy_path(self.dir, name)),
-            "policy_id": self.policy_ids.get(name),
-            "channels": "capped" if versions and min(versions) >= NCCL_CAP_VERSION else
-            "left to NCCL (its release takes any count as the count itself)" if versions else
-            "unknown (no rank yet)",
-            "communicators": [
-                {"comm": f"{c.comm_id:#018x}", "ranks": c.n_ranks, "nodes": c.n_nodes,
-                 "here": len(c.slots), "collectives": c.collectives,
-                 "per_second": round(c.rate, 1),
-                 "at": (e := job.entries.get(c.comm_id)) and e.at,
-                 "revision": e.revision if e else 0,
-                 "before": e.before if e else None, "after": e.after if e else "unlisted",
-                 "pending": bool(e and e.pending),
-                 "passed": e is None or not e.switches or c.passed(e.at),
-                 "waiting": c.waiting, "diverged": c.divergence}
-                for c in sorted(job.comms.values(), key=lambda c: c.comm_id)],
-            "plugin": [{"pid": s.pid, "comm": f"{s.comm_id:#018x}", "collectives": s.collectives,
-                        "revision": s.revision, "at": s.at, "pending": s.held.pending,
-                        "switches": s.switches, "last_switch": s.last_switch,
-                        "waiting_at": s.wait_at if s.waiting else None,
-                        "refused": s.refused_revision if s.refused else None,
-                        "deferred": s.deferred, "mapped": s.mapped,
-                        "fallbacks": s.fallbacks, "nccl": s.nccl_version}
-                       for s in stats],
-            "malformed_stats_files": stats.malformed,
-            "ignored_stats_files": stats.excess,
-            "stale_stats_slots": stats.stale,
-            "history": [{"time": c.time, "step": c.step, "kind": c.kind, "from": c.before,
-                         "to": c.after, "reason": c.reason, "onset_step": c.onset_step,
-                         "activations": [[f"{comm:#x}", at] for comm, at in c.activations]}
-                        for c in job.history],
-            "next_launch": {"file": str(launch_path(self.dir, name)),
-                            "values": {k: v for k, (v, _) in
-                                       self.recommendations(name).items()}},
-            "steps": self.loop.steps,
-        }
+        return views.policy_view(self, args, now)

@@ -21,6 +21,10 @@ ENGINES = (
     "agent.step", "agent.host.rules", "agent.gpu.health", "agent.energy.engine",
     "agent.links.health",
     "agent.tuning.loop", "agent.tuning.policies", "agent.plugin.layout",
+    "agent.tuning.phases", "agent.tuning.entries", "agent.tuning.jobstate",
+    "agent.tuning.readiness", "agent.tuning.reports", "agent.tuning.multihost",
+    "agent.tuning.adoption", "agent.tuning.htbplan", "agent.plugin.policy", "agent.plugin.codec",
+    "agent.plugin.reference", "agent.plugin.stats", "harmonaize.hysteresis",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
     "agent.rdma.cc", "agent.rdma.ccparams",
     "agent.remediation.engine", "agent.remediation.types",
@@ -138,4 +142,4 @@ def test_each_domain_with_commands_holds_them_and_the_daemon_only_wires_them(
     assert source(f"agent.{domain}.commands"), domain
     daemon = (ROOT / "agent/daemon.py").read_text()
     assert f"{domain}_commands.commands(self" in daemon or (
-        domain == "links" and "link_commands.commands(self)" in daemon)
+        domain == "links" and "link_commands.commands(self." in daemon)

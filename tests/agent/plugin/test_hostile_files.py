@@ -36,7 +36,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.links.settings import LinksSection
-from agent.observations import Observations
 from agent.plugin.hostilefs import HeldDir, Refused
 from agent.plugin.layout import POLICY_SIZE, Policy, encode_policy
 from agent.plugin.shm import prepare_dirs, prepare_job_dir, read_stats
@@ -160,11 +159,11 @@ def a_jobs_life(directory: Path) -> TuningService:
     service.start(0.0)  # the directory is found, an orphan until declared
     service.declare(DECLARATION, 0.0)  # the directory prepared, the previous policy adopted
     for now in (1.0, 2.0):  # stats read, the next-launch file written
-        service.step(Observations(links=link_sample(0)), link_judgements(0), now)
+        service.step(link_sample(0), link_judgements(0), now)
     service._run([WritePolicy(JOB, ())], 3.0)  # the policy file, as the loop asks for it
     read_stats(directory, JOB, remove_dead=False)  # as the energy loop reads them
     service.withdraw(JOB, 4.0)  # settled: its files removed
-    service.step(Observations(links=link_sample(0)), link_judgements(0), 5.0)
+    service.step(link_sample(0), link_judgements(0), 5.0)
     return service
 
 
@@ -252,7 +251,7 @@ def test_item1_the_agents_own_files_replace_whatever_a_rank_planted(
                             LinksSection(), publish=lambda message: None)
     service.start(0.0)
     service.declare(DECLARATION, 0.0)
-    service.step(Observations(links=link_sample(0)), link_judgements(0), 1.0)
+    service.step(link_sample(0), link_judgements(0), 1.0)
     written = service._write(WritePolicy(JOB, ()))
     info = (folder / name).lstat()
     if kind == "directory":

@@ -37,7 +37,7 @@ ALLOWED_RECEIVERS = frozenset({"HeldDir"})
 #: to know nothing of the policy directory).
 NOT_NEAR = frozenset({"agent/tuning/htb.py"})
 #: What a module imports to reach the policy directory's files.
-FILE_CODE = frozenset({"agent.plugin.shm", "agent.plugin.hostilefs"})
+FILE_CODE = frozenset({"agent.plugin.shm", "agent.plugin.statsread", "agent.plugin.hostilefs"})
 FILE_NAMES = frozenset({"shm", "hostilefs", "PolicyFile", "read_policy", "read_stats"})
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from agent.links.settings import LinksSection
-from agent.observations import Observations
 from agent.plugin.layout import (
     FLAG_MAPPED,
     STATS_HEADER,
@@ -141,7 +140,7 @@ def test_item2_files_over_the_caps_are_counted_for_operators_and_ignored(
         0.0)
     files.extend(Stats(folder, 3000 + k, uid=RANK, comm=0x100 + k) for k in range(4))
     files.extend(Stats(folder, 4000 + k, uid=OTHER, comm=0x200 + k) for k in range(4))
-    service.step(Observations(links=link_sample(0)), link_judgements(0), 1.0)
+    service.step(link_sample(0), link_judgements(0), 1.0)
     read = service.stats[JOB]
     assert sorted(s.comm_id for s in read) == [0x100, 0x101, 0x102, 0x200, 0x201]
     assert read.excess == 3

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.observations import Observations
 from agent.rdma import knobs
 from agent.rdma.observer import RdmaObserver
 from agent.rdma.originals import Original, Originals, OriginalsError
@@ -145,7 +144,7 @@ def test_the_service_changes_both_layouts_and_puts_everything_back_at_stop(
         bump(sys_root, "mlx5_0")
         bump(sys_root, "mlx5_1")
         clock.now += 1.0
-        service.step(Observations(rdma=observer.sample(clock.now)), clock.now)
+        service.step(observer.sample(clock.now), clock.now)
     assert read(sys_root / ECN / "roce_np/cnp_dscp") == 26            # pinned in range
     assert read(sys_root / ECN / "roce_np/enable/3") == 1             # declared on
     assert read(sys_root / ECN / "roce_rp/rpg_ai_rate") < 5           # more cautious
@@ -173,13 +172,13 @@ def test_a_write_that_fails_is_reported_and_nothing_is_lost(
     (sys_root / ECN / "roce_np/cnp_dscp").unlink()  # the driver refuses the attribute
     service = service_for(sys_root, debug_root, tmp_path)
     service.start(0.0)
-    service.step(Observations(rdma=None), 0.0)
-    service.step(Observations(rdma=None), 1.0)
+    service.step(None, 0.0)
+    service.step(None, 1.0)
     assert service.describe()["devices"][0]["waiting"] == "port mlx5_0/1 is not observed"
     observer = RdmaObserver(RdmaSection(sysfs_root=str(sys_root)))
     observer.start()
     for now in (2.0, 3.0):
-        service.step(Observations(rdma=observer.sample(now)), now)
+        service.step(observer.sample(now), now)
     eth2 = service.describe()["devices"][0]
     assert "cnp_dscp" in [s["knob"] for s in eth2["settings"] if s["current"] is None]
     assert service.failures == 0  # an unreadable setting is left alone, not written
@@ -287,7 +286,7 @@ def test_an_originals_file_not_ours_stops_every_change(trees: tuple[Path, Path],
     observer = RdmaObserver(RdmaSection(sysfs_root=str(sys_root)))
     observer.start()
     for now in (1.0, 2.0, 3.0):
-        service.step(Observations(rdma=observer.sample(now)), now)
+        service.step(observer.sample(now), now)
     assert read(sys_root / ECN / "roce_np/cnp_dscp") == 48            # untouched
     assert (tmp_path / ORIGINALS_FILE).read_text() == "not json"       # left for a person
     assert service.describe()["refused"] == service.refused

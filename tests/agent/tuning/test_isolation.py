@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from agent.links.settings import LinksSection
-from agent.observations import Observations
 from agent.plugin.shm import job_dir, policy_path, read_stats
 from agent.tuning.service import TuningService
 from agent.tuning.settings import TuningSection
@@ -73,7 +72,7 @@ def test_a_tenants_rank_is_tuned_and_another_tenant_sees_nothing(workdir: Path, 
         def seen() -> bool:
             nonlocal now
             now += 0.1
-            service.step(Observations(links=link_sample(0)), link_judgements(0), now)
+            service.step(link_sample(0), link_judgements(0), now)
             return bool(service.stats.get(JOB))
 
         wait_until(seen, timeout=20, what="the tenant's rank in the stats")
@@ -94,7 +93,7 @@ def test_a_tenants_rank_is_tuned_and_another_tenant_sees_nothing(workdir: Path, 
         # Congestion: the tenant's rank switches at the agreed point.
         for _ in range(5):
             now += 0.1
-            service.step(Observations(links=link_sample(2)), link_judgements(2), now)
+            service.step(link_sample(2), link_judgements(2), now)
             time.sleep(0.1)
         entry = service.loop.jobs[JOB].entries[COMM]
         assert entry.after == "severe" and not entry.pending

@@ -1,0 +1,14 @@
+"""What the links domain offers the other domains: nothing else of ``agent.links`` may be
+imported outside it (the composition layer aside).
+
+The tuning domain takes a pass's judgement of each link (:class:`LinkJudgement`) as
+its input (it holds its own choice with the shared :mod:`harmonaize.hysteresis`); it
+shapes bulk traffic on the links a :class:`LinkSample` lists, and shows link health's
+thresholds (:class:`LinksSection`) beside its jobs.
+"""
+
+from agent.links.health import LinkJudgement
+from agent.links.settings import LinksSection
+from agent.links.types import LinkRates, LinkSample
+
+__all__ = ["LinkJudgement", "LinkRates", "LinkSample", "LinksSection"]
