@@ -25,6 +25,7 @@ ENGINES = (
     "agent.rdma.cc", "agent.rdma.ccparams",
     "agent.remediation.engine", "agent.remediation.types",
     "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
+    "controller.agreementphases", "controller.agreementrules", "controller.agreementstate",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
     "controller.scheduler.engine", "controller.scheduler.table",
