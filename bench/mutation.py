@@ -23,16 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = Path(sys.executable).parent / "mutmut"
 
+REDACTION_TESTS = ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
+                   "tests/test_redaction_rules.py", "tests/test_energy_feed.py"]
+AGREEMENT_TESTS = ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/test_outbox.py", "tests/test_outbox_rules.py"],
-    "controller/redaction.py": ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
-                                "tests/test_redaction_rules.py", "tests/test_energy_feed.py"],
-    "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
-    "controller/agreementrules.py": ["tests/test_tuning_agreement.py",
-                                    "tests/test_agreement_rules.py"],
-    "controller/agreementstate.py": ["tests/test_tuning_agreement.py",
-                                    "tests/test_agreement_rules.py"],
+    **{f"controller/{name}.py": REDACTION_TESTS
+       for name in ("redaction", "redactionconfig", "poolredaction", "jobredaction")},
+    **{f"controller/{name}.py": AGREEMENT_TESTS
+       for name in ("agreement", "agreementrules", "agreementstate")},
     "controller/agreementphases.py": ["tests/test_agreement_phases.py"],
     "harmonaize/messages.py": ["tests/test_wire.py", "tests/test_wire_rules.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],

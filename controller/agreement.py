@@ -38,7 +38,7 @@ from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from controller import agreementrules as rules
-from controller.agreementphases import RESOLVING, Event, Phase
+from controller.agreementphases import RESOLVING, Event, Phase, answered, outcome
 from controller.agreementstate import (
     BACKOFF,
     CHOICES,
@@ -142,14 +142,14 @@ class Agreement:
             return  # an old decision's (or a stranger's) answer
         if host not in decision.hosts:
             return
-        if job.phase is Phase.ARMING and ack.phase in (AckPhase.ARMED, AckPhase.REFUSED):
+        if answered(job.phase, ack.phase):
             decision.acks[host] = ack.phase
-            decision.ack_reports[host] = ack.comms
-            if ack.phase is AckPhase.REFUSED and not decision.reason:
-                decision.reason = f"host {host} refused: {ack.reason}"
-        elif job.phase in RESOLVING and ack.phase is AckPhase.RESOLVED:
-            decision.acks[host] = ack.phase
-            job.dirty = True
+            if job.phase is Phase.ARMING:
+                decision.ack_reports[host] = ack.comms
+                if ack.phase is AckPhase.REFUSED and not decision.reason:
+                    decision.reason = f"host {host} refused: {ack.reason}"
+            else:
+                job.dirty = True  # an outcome's acknowledgement is stored
         if ack.comms:
             previous = job.reports.get(host)
             if previous is not None:
@@ -243,9 +243,8 @@ class Agreement:
         waiting = any(c.waiting for r in job.reports.values() for c in r.report.comms)
         decision = job.decision
         if decision is not None and now - decision.armed_at >= self.settings.lead:
-            wanted = None if job.phase is Phase.ARMING else AckPhase.RESOLVED
-            waiting = waiting or any(decision.acks.get(h) is None or (
-                wanted is not None and decision.acks[h] is not wanted) for h in decision.hosts)
+            waiting = waiting or not all(answered(job.phase, decision.acks.get(h))
+                                         for h in decision.hosts)
         return job.choice, TuningStatus.PAUSED if waiting else TuningStatus.STEADY
 
     def status(self, name: str, now: float) -> dict[str, Any]:
@@ -341,10 +340,9 @@ class Agreement:
               now: float) -> list[tuple[str, Message]]:
         out = []
         message = decision.message(name, job.fingerprint, job.phase)
-        wanted = AckPhase.RESOLVED if job.phase in RESOLVING else None
         for host in sorted(decision.hosts):
             acked = decision.acks.get(host)
-            if acked is not None and (wanted is None or acked is wanted):
+            if answered(job.phase, acked):
                 continue
             if now - decision.sent.get(host, float("-inf")) < self.settings.resend:
                 continue
@@ -366,7 +364,7 @@ class Agreement:
                 if not why:
                     why = rules.unaccounted(decision)
                 decision.reason = why
-                job.move(Event.CANCEL if why else Event.CONFIRM)
+                job.move(outcome(why))
                 self.counters["cancelled" if why else "confirmed"] += 1
                 decision.acks = {}
                 decision.sent = {}

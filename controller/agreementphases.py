@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from harmonaize.messages import AckPhase
 from harmonaize.statemachine import Machine
 
 
@@ -50,3 +51,22 @@ PHASES: Machine[Phase, Event] = Machine("agreement", {
 
 #: The phases in which an outcome is being sent (a host's "resolved" counts).
 RESOLVING = frozenset({Phase.CONFIRMING, Phase.CANCELLING})
+
+#: The answers a host owes in each phase: to the arm (armed or refused) while arming,
+#: to the outcome once it is decided; none while idle.
+ANSWERS: dict[Phase, frozenset[AckPhase]] = {
+    Phase.IDLE: frozenset(),
+    Phase.ARMING: frozenset({AckPhase.ARMED, AckPhase.REFUSED}),
+    Phase.CONFIRMING: frozenset({AckPhase.RESOLVED}),
+    Phase.CANCELLING: frozenset({AckPhase.RESOLVED}),
+}
+
+
+def answered(phase: Phase, ack: AckPhase | None) -> bool:
+    """Whether a host's acknowledgement is the answer the phase waits for."""
+    return ack is not None and ack in ANSWERS[phase]
+
+
+def outcome(why_not: str) -> Event:
+    """The event that decides an armed change: any reason not to commit cancels it."""
+    return Event.CANCEL if why_not else Event.CONFIRM

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar
 
 from controller.agreement import AgreementSettings
-from controller.redaction import RedactionConfig
+from controller.redactionconfig import RedactionConfig
 from harmonaize import config
 from harmonaize.config import (
     AbsPath,

@@ -68,7 +68,8 @@ from controller.outputs import (
     Writes,
 )
 from controller.publications import Publications
-from controller.redaction import PoolNames, Redactor, job_topic
+from controller.redaction import Redactor
+from controller.redactionconfig import PoolNames, job_topic
 from controller.types import Placement
 from harmonaize.messages import (
     Category,

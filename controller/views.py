@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from controller.core import ControllerCore
-from controller.redaction import Mode
+from controller.redactionconfig import Mode
 from controller.types import Member, Placement
 from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
 

@@ -11,7 +11,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.agreement import Agreement
-from controller.agreementphases import PHASES, RESOLVING, Event, Phase
+from controller.agreementphases import (
+    ANSWERS,
+    PHASES,
+    RESOLVING,
+    Event,
+    Phase,
+    answered,
+    outcome,
+)
 from harmonaize import statemachine
 from harmonaize.messages import AckPhase, TuningResolve
 from harmonaize.statemachine import IllegalTransition
@@ -53,6 +61,21 @@ def test_an_outcome_is_decided_once_and_a_new_change_waits_for_the_last() -> Non
                 PHASES.move(phase, event)
     with pytest.raises(IllegalTransition):
         PHASES.move(Phase.ARMING, Event.ARM)
+
+
+def test_each_agreement_phase_waits_for_its_own_answers_and_an_outcome_is_decided_by_why() -> None:
+    assert {phase: set(acks) for phase, acks in ANSWERS.items()} == {
+        Phase.IDLE: set(),
+        Phase.ARMING: {AckPhase.ARMED, AckPhase.REFUSED},
+        Phase.CONFIRMING: {AckPhase.RESOLVED},
+        Phase.CANCELLING: {AckPhase.RESOLVED},
+    }
+    for phase in Phase:
+        assert not answered(phase, None)
+        for ack_phase in AckPhase:
+            assert answered(phase, ack_phase) is (ack_phase in ANSWERS[phase])
+    assert outcome("") is Event.CONFIRM
+    assert outcome("host h2 refused") is Event.CANCEL
 
 
 def walk(a: Agreement, steps: list[tuple[float, list[tuple[str, AckPhase]]]]) -> list[str]:

@@ -26,6 +26,7 @@ ENGINES = (
     "agent.remediation.engine", "agent.remediation.types",
     "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
     "controller.agreementphases", "controller.agreementrules", "controller.agreementstate",
+    "controller.redactionconfig", "controller.poolredaction", "controller.jobredaction",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
     "controller.scheduler.engine", "controller.scheduler.table",
