@@ -57,7 +57,7 @@ from controller.bus.nats import (
 )
 from controller.bus.tokens import BusTokens
 from controller.core import ControllerCore
-from controller.gateway.http import Refused
+from controller.gateway.shell import Refused
 from controller.handshakes import watch as watch_handshakes
 from controller.outputs import AnswerTenant, TenantPeer
 from controller.publications import SENDER
