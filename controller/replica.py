@@ -40,7 +40,7 @@ import nats.js.errors
 
 from controller import views
 from controller.bus import codec
-from controller.bus.leader import FORWARDED, Leader
+from controller.bus.leader import Leader
 from controller.bus.nats import (
     BEATS,
     FEED,
@@ -50,6 +50,7 @@ from controller.bus.nats import (
     LEADER_REQUEST,
     Bus,
 )
+from controller.bus.requests import FORWARDED
 from controller.bus.tokens import BusTokens
 from controller.core import ControllerCore
 from controller.gateway.shell import Refused

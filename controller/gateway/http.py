@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from controller import views
 from controller.gateway import events
 from controller.gateway.bodies import MAX_BODY, BodyError, decode_json
 from controller.gateway.connections import ConnectionGuard, GuardedSite
@@ -58,7 +59,6 @@ from harmonaize.schema import SchemaError, from_plain, strict_keys
 
 if TYPE_CHECKING:
     from controller.config import GatewaySection
-    from controller.core import ControllerCore
 
 log = logging.getLogger("harmonaize.controller.gateway")
 
@@ -341,7 +341,7 @@ class Gateway(TenantIdentity, FeedStreams):
         remote = await self.shell.query("tenant-notices", {"tenant": tenant})
         if remote is not None:
             return web.json_response({"notices": remote, "request_id": request["request_id"]})
-        return web.json_response({"notices": tenant_notices(self.shell.core, tenant),
+        return web.json_response({"notices": views.tenant_notices(self.shell.core, tenant),
                                   "request_id": request["request_id"]})
 
     async def _spec_json(self, request: web.Request) -> web.Response:
@@ -355,16 +355,3 @@ def _reason(exc: Exception) -> str:
     text = exc.message if isinstance(exc, HttpProcessingError) else one_line(exc)
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return (lines[0] if lines else type(exc).__name__)[:120]
-
-
-def tenant_notices(core: ControllerCore, tenant: str) -> list[dict[str, Any]]:
-    """A tenant's validation notices as ``GET /v1/notices`` lists them."""
-    out = []
-    for notice in core.notices.of_tenant(tenant):
-        declared = core.declarations.get(notice.job)
-        max_defer = declared[1].max_validation_defer if declared else 0.0
-        out.append({"id": notice.id, "job": notice.job, "status": notice.status.value,
-                    "not_before": notice.not_before, "pause_seconds": notice.pause,
-                    "approved": notice.approved, "deferred_seconds": notice.deferred,
-                    "defer_seconds": core.notices.defer_left(notice.id, max_defer)})
-    return out
