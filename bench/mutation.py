@@ -51,6 +51,9 @@ MODULES = {
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]
+#: What mutmut copies beside the mutated package: the plugin, the benches, and docs/ (the
+#: suite's wire audit checks what daemons send against docs/feed.asyncapi.yaml).
+ALSO_COPIED = ["native/", "bench/", "docs/"]
 
 
 def scratch_copy(into: Path) -> None:
@@ -80,7 +83,7 @@ def score(module: str, tests: list[str], show: bool) -> tuple[int, int]:
                 f'source_paths = ["{package}/"]\n'
                 f'only_mutate = ["{module}"]\n'
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                f"also_copy = {json.dumps([f'{p}/' for p in others] + ['native/', 'bench/'])}\n")
+                f"also_copy = {json.dumps([f'{p}/' for p in others] + ALSO_COPIED)}\n")
         run = subprocess.run([str(MUTMUT), "run"], cwd=work, capture_output=True, text=True,
                              check=False)
         subprocess.run([str(MUTMUT), "export-cicd-stats"], cwd=work, capture_output=True,
