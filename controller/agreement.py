@@ -61,8 +61,6 @@ from harmonaize.messages import (
     TuningStatus,
 )
 
-__all__ = ["CHOICES", "DEFAULT_CHOICE", "Agreement", "AgreementSettings"]
-
 
 class Agreement:
     def __init__(self, settings: AgreementSettings | None = None) -> None:

@@ -8,7 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, ClassVar
 
-from controller.agreement import AgreementSettings
+from controller.agreementstate import AgreementSettings
 from controller.redactionconfig import RedactionConfig
 from harmonaize import config
 from harmonaize.config import (

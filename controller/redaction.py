@@ -42,8 +42,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from controller.jobredaction import (
-    ADVISORY_REASONS,
-    NOTICE_HORIZON,
     job_health,
     rebuilt_advisory,
     rebuilt_notice,
@@ -55,8 +53,6 @@ from controller.redactionconfig import (
     PoolNames,
     PoolPrivacy,
     RedactionConfig,
-    bucket,
-    exact,
     job_topic,
     pool_topic,
 )
@@ -70,10 +66,6 @@ from harmonaize.messages import (
     TuningStatus,
     ValidationNotice,
 )
-
-#: The redaction's names other modules use, from where they are defined.
-__all__ = ["ADVISORY_REASONS", "NOTICE_HORIZON", "Mode", "PoolNames", "PoolPrivacy",
-           "RedactionConfig", "Redactor", "bucket", "exact", "job_topic", "pool_topic"]
 
 
 @dataclass

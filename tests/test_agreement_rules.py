@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from controller.agreement import Agreement, AgreementSettings
+from controller.agreement import Agreement
+from controller.agreementstate import AgreementSettings
 from controller.core import ControllerCore
 from controller.outputs import AgentPeer, Output, SendToAgent
 from controller.types import Member, Placement
