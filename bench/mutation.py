@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MUTMUT = Path(sys.executable).parent / "mutmut"
 
 REDACTION_TESTS = ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
-                   "tests/test_redaction_rules.py", "tests/test_energy_feed.py"]
-AGREEMENT_TESTS = ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"]
+                   "tests/test_redaction_rules.py", "tests/test_energy_feed.py",
+                   "tests/test_redaction_kinds.py"]
+AGREEMENT_TESTS = ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py",
+                   "tests/test_agreement_phases.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/test_outbox.py", "tests/test_outbox_rules.py"],
