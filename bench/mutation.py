@@ -25,7 +25,9 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 
 REDACTION_TESTS = ["tests/test_redaction.py", "tests/test_hardening_jobmessages.py",
                    "tests/test_redaction_rules.py", "tests/test_energy_feed.py",
-                   "tests/test_redaction_kinds.py"]
+                   "tests/test_redaction_kinds.py",
+                   # private releases and the budget; names agents made up (in the core)
+                   "tests/test_sim_privacy.py", "tests/test_hardening_agent_names.py"]
 AGREEMENT_TESTS = ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py",
                    "tests/test_agreement_phases.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
