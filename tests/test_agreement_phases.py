@@ -1,5 +1,6 @@
 """The agreement's phase table (controller/agreementphases.py): every move, the real
-engine walking it, and illegal moves counted on the controller's metrics endpoint."""
+engine walking it, what each move does there (counted, stored, said, sent), and illegal
+moves counted on the controller's metrics endpoint."""
 
 from __future__ import annotations
 
