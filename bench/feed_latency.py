@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, free_port, percentile, scratch, wait_until
-from controller.redaction import RedactionConfig
+from controller.redactionconfig import RedactionConfig
 from harmonaize.messages import JobAdvisory
 from harmonaize.opsocket import request
 from harmonaize.tenant import FeedClient

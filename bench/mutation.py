@@ -42,18 +42,26 @@ TUNING_LOOP_TESTS = ["tests/agent/tuning/test_loop.py",
                      "tests/agent/tuning/test_loop_operator_wording.py",
                      "tests/agent/tuning/test_loop_withdrawal.py",
                      "tests/agent/tuning/test_loop_mutation_pins.py"]
+REDACTION_TESTS = ["tests/controller/test_redaction.py", "tests/controller/test_job_messages.py",
+                   "tests/controller/test_redaction_rules.py",
+                   "tests/controller/test_energy_feed.py",
+                   "tests/controller/test_redaction_kinds.py",
+                   # private releases and the budget; names agents made up (in the core)
+                   "tests/sim/test_privacy.py", "tests/controller/test_agent_names.py"]
+AGREEMENT_TESTS = ["tests/controller/test_agreement.py",
+                   "tests/controller/test_agreement_rules.py",
+                   "tests/controller/test_agreement_hosts.py",
+                   "tests/controller/test_agreement_switching.py",
+                   "tests/controller/test_agreement_paused.py",
+                   "tests/controller/test_agreement_phases.py"]
 #: Module -> the tests about it (no network namespaces, no daemons: fast and exact).
 MODULES = {
     "agent/outbox.py": ["tests/agent/test_outbox.py", "tests/agent/test_outbox_rules.py"],
-    "controller/redaction.py": ["tests/controller/test_redaction.py",
-                                "tests/controller/test_job_messages.py",
-                                "tests/controller/test_redaction_rules.py",
-                                "tests/controller/test_energy_feed.py"],
-    "controller/agreement.py": ["tests/controller/test_agreement.py",
-                                "tests/controller/test_agreement_rules.py",
-                                "tests/controller/test_agreement_hosts.py",
-                                "tests/controller/test_agreement_switching.py",
-                                "tests/controller/test_agreement_paused.py"],
+    **{f"controller/{name}.py": REDACTION_TESTS
+       for name in ("redaction", "redactionconfig", "poolredaction", "jobredaction")},
+    **{f"controller/{name}.py": AGREEMENT_TESTS
+       for name in ("agreement", "agreementrules", "agreementstate")},
+    "controller/agreementphases.py": ["tests/controller/test_agreement_phases.py"],
     "harmonaize/messages.py": ["tests/wire/test_codec.py", "tests/wire/test_codec_rules.py"],
     "agent/conditions.py": ["tests/agent/test_step.py", "tests/agent/test_conditions.py"],
     # The tuning loop, split along its seams: each part scored by the loop's tests.
@@ -80,6 +88,9 @@ MODULES = {
 }
 #: What a scratch copy needs besides the tracked files.
 BUILT = ["native/build"]
+#: What mutmut copies beside the mutated package: the plugin, the benches, and docs/ (the
+#: suite's wire audit checks what daemons send against docs/feed.asyncapi.yaml).
+ALSO_COPIED = ["native/", "bench/", "docs/"]
 
 
 def scratch_copy(into: Path) -> None:
@@ -109,7 +120,7 @@ def score(module: str, tests: list[str], show: bool) -> tuple[int, int]:
                 f'source_paths = ["{package}/"]\n'
                 f'only_mutate = ["{module}"]\n'
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                f"also_copy = {json.dumps([f'{p}/' for p in others] + ['native/', 'bench/'])}\n")
+                f"also_copy = {json.dumps([f'{p}/' for p in others] + ALSO_COPIED)}\n")
         run = subprocess.run([str(MUTMUT), "run"], cwd=work, capture_output=True, text=True,
                              check=False)
         subprocess.run([str(MUTMUT), "export-cicd-stats"], cwd=work, capture_output=True,

@@ -21,139 +21,51 @@ So a host that never got the arm writes nothing; one cut off after arming
 pauses its ranks at ``at`` until it hears the outcome, which every host
 hears alike. No rank's answer depends on time or on one host's view.
 
-Choosing: the most severe fresh wish wins (congestion anywhere on the job's
-paths slows every rank of a collective alike). A rise is decided at once; a
-fall only once the lower wish lasted ``hold`` seconds; changes of the choice
-are limited per minute. ``at`` is past every host's projected position: the
-highest count reported, projected at its rate, plus the fastest rate times
-``lead`` (at least ``margin``). A communicator is not changed again before
-every host reported all its ranks past its previous switch, nor while a rank
-waits, refused a copy, or disagrees.
-
-Detection: every host's switch records of a communicator are compared
-(:func:`harmonaize.switches.disagreement`); a disagreement marks the job
-``diverged`` (sticky while the communicator lives), waiting ranks mark it
-``paused``. Ranks can wait only on a host that may have armed, so no change is armed
-while a host of the job is unreachable (the shell says which are reachable at each
-:meth:`step`): its report stays fresh for ``report_ttl`` after it fell silent, and an
-arm sent then would be cancelled after ``arm_timeout`` while its tenant is told
-``paused`` until that host comes back, though no rank ever waited.
+The change in flight moves through a table of phases (idle, arming, confirming or
+cancelling, idle again: controller/agreementphases.py); the choosing and detection
+rules are in controller/agreementrules.py, the per-job state and its stored form in
+controller/agreementstate.py.
 
 Pure: time is a parameter and nothing here does I/O; the controller stores
 :meth:`snapshot` before sending what :meth:`step` returns.
 """
 
-# Over 400 lines because multi-host agreement (reports, arm, every host's acknowledgement,
-# commit or cancel, step-down hold, durable state) is one protocol; split, its
-# invariants would be spread over modules.
-
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
+from controller import agreementrules as rules
+from controller.agreementphases import RESOLVING, Event, Phase, answered, outcome
+from controller.agreementstate import (
+    BACKOFF,
+    CHOICES,
+    DEFAULT_CHOICE,
+    MAX_ACTIVATIONS,
+    MAX_BACKOFF,
+    AgreementSettings,
+    Decision,
+    JobState,
+    Report,
+    load,
+    stored,
+)
 from harmonaize.messages import (
     AckPhase,
     Activation,
-    CommReport,
     Message,
     TuningAck,
-    TuningArm,
     TuningReport,
-    TuningResolve,
     TuningStatus,
 )
-from harmonaize.schema import Num
-from harmonaize.switches import Record, disagreement
-
-DEFAULT_CHOICE = "default"
-#: The choices a declaration can give, by severity (agent/tuning/policies derives
-#: these names): the only names that may become a job's choice, which its tenant sees.
-CHOICES = {DEFAULT_CHOICE: 0, "congested": 1, "severe": 2}
-MAX_ACTIVATIONS = 32
-MAX_AT = 2**62
-#: After a cancelled change, the next arm waits this long, doubling up to the maximum.
-BACKOFF = 1.0
-MAX_BACKOFF = 30.0
-
-
-@dataclass(frozen=True)
-class AgreementSettings:
-    """The ``[tuning]`` section of the controller's configuration."""
-
-    STRICT_KEYS: ClassVar[bool] = True
-    #: Seconds a less severe wish must last before the choice steps down.
-    hold: Annotated[float, Num(0.0, 3600.0)] = 10.0
-    max_decisions_per_minute: Annotated[int, Num(1, 600)] = 4
-    #: Seconds of collectives, at the fastest reported rate, between arming and ``at``
-    #: (how long the slowest host may take to arm and hear the outcome before its
-    #: ranks pause at ``at``).
-    lead: Annotated[float, Num(0.0, 600.0)] = 2.0
-    #: ... and at least this many collectives.
-    margin: Annotated[int, Num(1, 1_000_000)] = 100
-    #: A host's report older than this no longer counts (the host went quiet).
-    report_ttl: Annotated[float, Num(0.5, 3600.0)] = 10.0
-    #: Seconds to wait for every host's arm acknowledgement before cancelling.
-    arm_timeout: Annotated[float, Num(0.05, 600.0)] = 1.0
-    #: Seconds between resends of an arm or resolve a host has not acknowledged.
-    resend: Annotated[float, Num(0.05, 600.0)] = 0.5
-
-
-@dataclass
-class _Decision:
-    number: int
-    choice: str
-    activations: tuple[Activation, ...]
-    hosts: frozenset[str]
-    armed_at: float
-    commit: bool | None = None
-    reason: str = ""
-    acks: dict[str, AckPhase] = field(default_factory=dict)
-    ack_reports: dict[str, tuple[CommReport, ...]] = field(default_factory=dict)
-    sent: dict[str, float] = field(default_factory=dict)
-
-    def message(self, job: str, fingerprint: str) -> Message:
-        if self.commit is None:
-            return TuningArm(job, self.number, self.choice, fingerprint, self.activations)
-        return TuningResolve(job, self.number, self.commit, self.activations)
-
-
-@dataclass(frozen=True)
-class _Report:
-    report: TuningReport
-    received: float
-
-
-@dataclass
-class _Job:
-    hosts: frozenset[str] | None = None
-    reports: dict[str, _Report] = field(default_factory=dict)
-    number: int = 0
-    decision: _Decision | None = None
-    fingerprint: str = ""
-    #: What every host follows per communicator (wire id): (choice, at).
-    committed: dict[int, tuple[str, int]] = field(default_factory=dict)
-    choice: str = DEFAULT_CHOICE
-    severity: int = 0
-    changes: deque[float] = field(default_factory=deque)
-    lower_since: float | None = None
-    lower_want: tuple[int, str] = (0, DEFAULT_CHOICE)
-    withdrawn: bool = False
-    waiting: str = ""
-    diverged: dict[int, str] = field(default_factory=dict)
-    #: No new arm before this (after cancellations), and the current back-off.
-    retry_at: float = float("-inf")
-    backoff: float = BACKOFF
-    dirty: bool = True
 
 
 class Agreement:
     def __init__(self, settings: AgreementSettings | None = None) -> None:
         self.settings = settings or AgreementSettings()
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, JobState] = {}
         #: Jobs forgotten since :meth:`take_dirty` (their stored state goes).
         self._gone: set[str] = set()
         #: Changes armed, confirmed and cancelled (for metrics).
@@ -161,10 +73,10 @@ class Agreement:
         #: The hosts reachable at this step (None: every host).
         self._reachable: Container[str] | None = None
 
-    def _job(self, name: str) -> _Job:
+    def _job(self, name: str) -> JobState:
         job = self._jobs.get(name)
         if job is None:
-            job = self._jobs[name] = _Job()
+            job = self._jobs[name] = JobState()
         return job
 
     # --- durable state -----------------------------------------------------------------
@@ -172,46 +84,17 @@ class Agreement:
     def snapshot(self, name: str) -> dict[str, Any] | None:
         """What must survive a restart: numbers, the change in flight, what holds."""
         job = self._jobs.get(name)
-        if job is None:
-            return None
-        decision = job.decision
-        return {
-            "number": job.number, "choice": job.choice, "severity": job.severity,
-            "fingerprint": job.fingerprint, "withdrawn": job.withdrawn,
-            "committed": [[comm, choice, at] for comm, (choice, at) in
-                          sorted(job.committed.items())],
-            "decision": None if decision is None else {
-                "number": decision.number, "choice": decision.choice,
-                "activations": [[a.comm, a.at] for a in decision.activations],
-                "hosts": sorted(decision.hosts), "commit": decision.commit,
-                "acks": {h: p.value for h, p in sorted(decision.acks.items())},
-            },
-        }
+        return None if job is None else stored(job)
 
     def restore(self, name: str, state: Mapping[str, Any], now: float) -> None:
         """Load a job's state after a restart. An arm in flight is cancelled: its
         outcome was never sent, and hosts that armed it must hear one."""
-        job = self._job(name)
-        job.number = int(state.get("number", 0))
-        job.choice = str(state.get("choice", DEFAULT_CHOICE))
-        job.severity = int(state.get("severity", 0))
-        job.fingerprint = str(state.get("fingerprint", ""))
-        job.withdrawn = bool(state.get("withdrawn", False))
-        job.committed = {int(c): (str(ch), int(at)) for c, ch, at in state.get("committed", [])}
-        raw = state.get("decision")
-        if raw:
-            decision = _Decision(
-                int(raw["number"]), str(raw["choice"]),
-                tuple(Activation(int(c), int(at)) for c, at in raw["activations"]),
-                frozenset(raw["hosts"]), now, raw.get("commit"))
-            if decision.commit is None:
-                decision.commit, decision.reason = False, "the controller restarted while arming"
-                decision.acks = {}
-            else:
-                decision.acks = {h: AckPhase(p) for h, p in raw.get("acks", {}).items()
-                                 if p == AckPhase.RESOLVED.value}
-            job.decision = decision
-        job.dirty = True
+        load(self._job(name), state, now)
+
+    def phase(self, name: str) -> Phase:
+        """Where the job's change in flight stands."""
+        job = self._jobs.get(name)
+        return Phase.IDLE if job is None else job.phase
 
     def take_dirty(self) -> tuple[list[str], list[str]]:
         """Jobs whose durable state changed (save them) and jobs gone (delete them)."""
@@ -230,7 +113,7 @@ class Agreement:
         if job.hosts is not None:
             for host in set(job.reports) - job.hosts:
                 del job.reports[host]
-            if job.decision is not None and job.decision.commit is not None:
+            if job.decision is not None and job.phase in RESOLVING:
                 # A host that left the job has no ranks of it to resolve.
                 job.decision.hosts &= job.hosts
 
@@ -247,7 +130,7 @@ class Agreement:
         if CHOICES.get(report.want) != report.severity:
             self.counters["refused_reports"] += 1
             return False
-        job.reports[host] = _Report(report, now)
+        job.reports[host] = Report(report, now)
         return True
 
     def ack(self, host: str, ack: TuningAck, now: float) -> None:
@@ -257,18 +140,18 @@ class Agreement:
             return  # an old decision's (or a stranger's) answer
         if host not in decision.hosts:
             return
-        if decision.commit is None and ack.phase in (AckPhase.ARMED, AckPhase.REFUSED):
+        if answered(job.phase, ack.phase):
             decision.acks[host] = ack.phase
-            decision.ack_reports[host] = ack.comms
-            if ack.phase is AckPhase.REFUSED and not decision.reason:
-                decision.reason = f"host {host} refused: {ack.reason}"
-        elif decision.commit is not None and ack.phase is AckPhase.RESOLVED:
-            decision.acks[host] = ack.phase
-            job.dirty = True
+            if job.phase is Phase.ARMING:
+                decision.ack_reports[host] = ack.comms
+                if ack.phase is AckPhase.REFUSED and not decision.reason:
+                    decision.reason = f"host {host} refused: {ack.reason}"
+            else:
+                job.dirty = True  # an outcome's acknowledgement is stored
         if ack.comms:
             previous = job.reports.get(host)
             if previous is not None:
-                job.reports[host] = _Report(TuningReport(
+                job.reports[host] = Report(TuningReport(
                     ack.job, previous.report.fingerprint, previous.report.want,
                     previous.report.severity, ack.comms), now)
 
@@ -305,9 +188,10 @@ class Agreement:
         out: list[tuple[str, Message]] = []
         for name in sorted(self._jobs):
             job = self._jobs[name]
-            self._detect(job, now)
+            rules.detect(self.settings, job, now)
             out += self._step_job(name, job, now)
-            if job.withdrawn and job.decision is None and self._settled_default(job, now):
+            if (job.withdrawn and job.decision is None
+                    and rules.settled_default(self.settings, job, now)):
                 self.forget(name)
         return out
 
@@ -329,7 +213,7 @@ class Agreement:
             decision = job.decision
             if decision is not None:
                 times.append(now + settings.resend)
-                if decision.commit is None:
+                if job.phase is Phase.ARMING:
                     times.append(decision.armed_at + settings.arm_timeout)
                 times.append(decision.armed_at + settings.lead)
             else:
@@ -357,9 +241,8 @@ class Agreement:
         waiting = any(c.waiting for r in job.reports.values() for c in r.report.comms)
         decision = job.decision
         if decision is not None and now - decision.armed_at >= self.settings.lead:
-            wanted = None if decision.commit is None else AckPhase.RESOLVED
-            waiting = waiting or any(decision.acks.get(h) is None or (
-                wanted is not None and decision.acks[h] is not wanted) for h in decision.hosts)
+            waiting = waiting or not all(answered(job.phase, decision.acks.get(h))
+                                         for h in decision.hosts)
         return job.choice, TuningStatus.PAUSED if waiting else TuningStatus.STEADY
 
     def status(self, name: str, now: float) -> dict[str, Any]:
@@ -371,9 +254,7 @@ class Agreement:
             "choice": job.choice,
             "decision": job.number,
             "severity": job.severity,
-            "phase": "idle" if decision is None else (
-                "arming" if decision.commit is None else
-                "confirming" if decision.commit else "cancelling"),
+            "phase": job.phase.value,
             "in_flight": None if decision is None else {
                 "number": decision.number, "choice": decision.choice,
                 "acks": {h: p.value for h, p in sorted(decision.acks.items())},
@@ -390,108 +271,15 @@ class Agreement:
                         for h, r in sorted(job.reports.items())},
         }
 
-    # --- the rules ---------------------------------------------------------------------
+    # --- the protocol ------------------------------------------------------------------
 
-    def _fresh(self, job: _Job, now: float) -> dict[str, _Report]:
-        return {h: r for h, r in sorted(job.reports.items())
-                if now - r.received <= self.settings.report_ttl}
-
-    def _detect(self, job: _Job, now: float) -> None:
-        """Compare every host's switch records of each communicator."""
-        fresh = self._fresh(job, now)
-        records: dict[int, list[Record]] = {}
-        flagged: dict[int, str] = {}
-        for host, report in fresh.items():
-            for comm in report.report.comms:
-                group = records.setdefault(comm.comm, [])
-                for state in (comm.ahead, comm.behind):
-                    group.append(Record(state.switches, state.history, state.prev_history,
-                                        state.last_switch, state.collectives))
-                if comm.diverged:
-                    flagged[comm.comm] = f"host {host} saw its own ranks disagree"
-        alive = set(records)
-        for comm in list(job.diverged):
-            if comm not in alive:
-                del job.diverged[comm]  # the communicator is gone
-        for comm, group in records.items():
-            why = flagged.get(comm) or disagreement(group)
-            if why and comm not in job.diverged:
-                job.diverged[comm] = why
-
-    def _target(self, job: _Job, fresh: dict[str, _Report], now: float) -> tuple[int, str] | None:
-        """The (severity, choice) to switch to now, if any, after hysteresis."""
-        if job.withdrawn:
-            return (0, DEFAULT_CHOICE) if job.choice != DEFAULT_CHOICE else None
-        top = max(r.report.severity for r in fresh.values())
-        want = (top, min(r.report.want for r in fresh.values() if r.report.severity == top))
-        if top > job.severity:
-            job.lower_since = None
-            return want
-        if top == job.severity:
-            job.lower_since = None
-            return want if want[1] != job.choice else None
-        if job.lower_since is None:
-            job.lower_since, job.lower_want = now, want
-            return None
-        job.lower_want = max(job.lower_want, want)
-        return job.lower_want if now - job.lower_since >= self.settings.hold else None
-
-    def _rate_limited(self, job: _Job, now: float) -> bool:
-        while job.changes and now - job.changes[0] >= 60.0:
-            job.changes.popleft()
-        return len(job.changes) >= self.settings.max_decisions_per_minute
-
-    def _comms(self, fresh: Mapping[str, _Report]) -> dict[int, list[tuple[str, CommReport]]]:
-        comms: dict[int, list[tuple[str, CommReport]]] = {}
-        for host, report in fresh.items():
-            for comm in report.report.comms:
-                comms.setdefault(comm.comm, []).append((host, comm))
-        return comms
-
-    def _not_ready(self, job: _Job, comm: int, views: list[tuple[str, CommReport]]) -> str:
-        n_ranks = max(v.n_ranks for _, v in views)
-        seen = sum(v.ranks for _, v in views)
-        if seen != n_ranks:
-            return f"{seen} of its {n_ranks} ranks reported"
-        if comm in job.diverged:
-            return f"its ranks disagree: {job.diverged[comm]}"
-        for host, view in views:
-            if view.pending:
-                return f"host {host} still has a change pending"
-            if view.waiting:
-                return f"{view.waiting} rank(s) on host {host} wait"
-            if view.refused:
-                return f"a rank on host {host} refused the newest copy"
-            if view.at and view.collectives_min <= view.at:
-                return f"a rank on host {host} has not passed the switch at {view.at}"
-        choices = {v.choice for _, v in views}
-        if len(choices) > 1:
-            return f"hosts follow different rules for it ({', '.join(sorted(choices))})"
-        return ""
-
-    def _activation(self, views: list[tuple[str, CommReport]], reports: Mapping[str, _Report],
-                    now: float) -> int:
-        """Past every host's projected position, with a lead."""
-        projected, fastest = 0.0, 0.0
-        for host, view in views:
-            age = max(0.0, now - reports[host].received)
-            projected = max(projected, view.collectives_max + view.per_second * age)
-            fastest = max(fastest, view.per_second)
-        lead = max(self.settings.margin, math.ceil(fastest * self.settings.lead))
-        return min(MAX_AT, math.ceil(projected) + lead)
-
-    def _settled_default(self, job: _Job, now: float) -> bool:
-        fresh = self._fresh(job, now)
-        return not fresh or all(c.choice in (DEFAULT_CHOICE, "") and not c.pending
-                                for r in fresh.values() for c in r.report.comms)
-
-    def _step_job(self, name: str, job: _Job, now: float) -> list[tuple[str, Message]]:
+    def _step_job(self, name: str, job: JobState, now: float) -> list[tuple[str, Message]]:
         decision = job.decision
         if decision is not None:
             return self._progress(name, job, decision, now)
         if now < job.retry_at:
             return []
-        fresh = self._fresh(job, now)
+        fresh = rules.fresh(self.settings, job, now)
         hosts = job.hosts if job.hosts is not None else frozenset(fresh)
         if not fresh or not hosts:
             return []
@@ -509,22 +297,22 @@ class Agreement:
             job.waiting = "hosts derived different rules (declaration revisions differ)"
             return []
         job.fingerprint = prints.pop()
-        target = self._target(job, fresh, now)
+        target = rules.target(self.settings, job, fresh, now)
         goal = target[1] if target is not None else job.choice
-        comms = self._comms(fresh)
+        comms = rules.by_comm(fresh)
         change: list[Activation] = []
         why = ""
         for comm, views in sorted(comms.items()):
             current = {v.choice or DEFAULT_CHOICE for _, v in views}
             if current == {goal}:
                 continue
-            reason = self._not_ready(job, comm, views)
+            reason = rules.not_ready(job, comm, views)
             if reason:
                 why = why or f"communicator {comm:#x}: {reason}"
                 continue
-            change.append(Activation(comm, self._activation(views, fresh, now)))
+            change.append(Activation(comm, rules.activation(self.settings, views, fresh, now)))
         changes_choice = target is not None and goal != job.choice
-        if changes_choice and not job.withdrawn and self._rate_limited(job, now):
+        if changes_choice and not job.withdrawn and rules.rate_limited(self.settings, job, now):
             job.waiting = f"{goal} waits: {len(job.changes)} changes in the last minute"
             return []
         if not change:
@@ -538,21 +326,21 @@ class Agreement:
         if target is not None:
             job.severity = target[0]
         job.number += 1
-        job.decision = _Decision(job.number, goal, tuple(change[:MAX_ACTIVATIONS]), hosts, now)
+        job.decision = Decision(job.number, goal, tuple(change[:MAX_ACTIVATIONS]), hosts, now)
+        job.move(Event.ARM)
         self.counters["armed"] += 1
         job.waiting = why
         job.dirty = True
         job.lower_since = None
         return self._send(name, job, job.decision, now)
 
-    def _send(self, name: str, job: _Job, decision: _Decision,
+    def _send(self, name: str, job: JobState, decision: Decision,
               now: float) -> list[tuple[str, Message]]:
         out = []
-        message = decision.message(name, job.fingerprint)
-        wanted = AckPhase.RESOLVED if decision.commit is not None else None
+        message = decision.message(name, job.fingerprint, job.phase)
         for host in sorted(decision.hosts):
             acked = decision.acks.get(host)
-            if acked is not None and (wanted is None or acked is wanted):
+            if answered(job.phase, acked):
                 continue
             if now - decision.sent.get(host, float("-inf")) < self.settings.resend:
                 continue
@@ -560,9 +348,9 @@ class Agreement:
             out.append((host, message))
         return out
 
-    def _progress(self, name: str, job: _Job, decision: _Decision,
+    def _progress(self, name: str, job: JobState, decision: Decision,
                   now: float) -> list[tuple[str, Message]]:
-        if decision.commit is None:
+        if job.phase is Phase.ARMING:
             refused = any(p is AckPhase.REFUSED for p in decision.acks.values())
             complete = set(decision.acks) >= decision.hosts
             late = now - decision.armed_at >= self.settings.arm_timeout
@@ -572,16 +360,17 @@ class Agreement:
                     missing = sorted(decision.hosts - set(decision.acks))
                     why = f"host {missing[0]} did not answer within {self.settings.arm_timeout:g} s"
                 if not why:
-                    why = self._unaccounted(decision)
-                decision.commit = not why
+                    why = rules.unaccounted(decision)
                 decision.reason = why
-                self.counters["confirmed" if decision.commit else "cancelled"] += 1
+                job.move(outcome(why))
+                self.counters["cancelled" if why else "confirmed"] += 1
                 decision.acks = {}
                 decision.sent = {}
                 job.dirty = True
             return self._send(name, job, decision, now)
         if set(decision.acks) >= decision.hosts:
-            if decision.commit:
+            confirmed = job.phase is Phase.CONFIRMING
+            if confirmed:
                 for activation in decision.activations:
                     job.committed[activation.comm] = (decision.choice, activation.at)
                 job.choice = decision.choice
@@ -589,23 +378,9 @@ class Agreement:
             else:
                 job.retry_at = now + job.backoff
                 job.backoff = min(MAX_BACKOFF, job.backoff * 2)
-            job.waiting = "" if decision.commit else f"cancelled: {decision.reason}"
+            job.waiting = "" if confirmed else f"cancelled: {decision.reason}"
+            job.move(Event.RESOLVED)
             job.decision = None
             job.dirty = True
             return []
         return self._send(name, job, decision, now)
-
-    @staticmethod
-    def _unaccounted(decision: _Decision) -> str:
-        """Every rank of every communicator must have armed: the hosts' counts add up."""
-        for activation in decision.activations:
-            views = [c for reports in decision.ack_reports.values() for c in reports
-                     if c.comm == activation.comm]
-            if not views:
-                return f"no host armed communicator {activation.comm:#x}"
-            n_ranks = max(v.n_ranks for v in views)
-            seen = sum(v.ranks for v in views)
-            if seen != n_ranks:
-                return (f"communicator {activation.comm:#x}: {seen} of its {n_ranks} ranks "
-                        "armed")
-        return ""

@@ -8,8 +8,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, ClassVar
 
-from controller.agreement import AgreementSettings
-from controller.redaction import RedactionConfig
+from controller.agreementstate import AgreementSettings
+from controller.redactionconfig import RedactionConfig
 from harmonaize import config
 from harmonaize.config import (
     AbsPath,

@@ -15,6 +15,7 @@ holder) also leads (controller/bus/leader.py):
   from it: the same numbers, positions and cursors at every replica. Requests that
   change state (declarations, answers to notices) go to the leader, and its answer
   comes back.
+  Agents' frames are taken in controller/replicadoors.py.
 * **Operators** use a replica's admin socket: what only the leader knows (hosts,
   capacity, jobs, placements, events, pools, privacy) is asked of the leader; the
   rest (status, feed, tokens, reload) is the replica's own.
@@ -30,19 +31,16 @@ import logging
 import math
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import nats.errors
 import nats.js.errors
-import zmq
 
 from controller import views
 from controller.bus import codec
-from controller.bus.ingest import HostLog, Verdict, judge, message_id
-from controller.bus.leader import FORWARDED, Leader
+from controller.bus.leader import Leader
 from controller.bus.nats import (
     BEATS,
     FEED,
@@ -51,27 +49,21 @@ from controller.bus.nats import (
     LEADER_KEY,
     LEADER_REQUEST,
     Bus,
-    Fenced,
-    agent_subject,
-    to_agent_subject,
 )
+from controller.bus.requests import FORWARDED
 from controller.bus.tokens import BusTokens
 from controller.core import ControllerCore
-from controller.gateway.http import Refused
+from controller.gateway.shell import Refused
 from controller.handshakes import watch as watch_handshakes
 from controller.outputs import AnswerTenant, TenantPeer
-from controller.publications import SENDER
-from controller.server import ZMQ_PEER, ControllerServer, _decoded
+from controller.replicadoors import AgentDoors, Door
+from controller.server import ControllerServer
+from controller.sockets import ZMQ_PEER, decoded
 from harmonaize.messages import (
-    AGENT_KINDS,
     TENANT_KINDS,
     Envelope,
     ErrorCode,
-    Goodbye,
-    Hello,
-    Message,
     Reply,
-    encode,
 )
 from harmonaize.opsocket import Command, CommandError
 from harmonaize.schema import SchemaError, from_plain, to_plain
@@ -98,21 +90,7 @@ LEADER_COMMANDS = {
 }
 
 
-@dataclass
-class Door:
-    """One host at this replica: its connection, what the bus holds for it, its frames
-    in order."""
-
-    host: str
-    conn: bytes | None = None
-    log: HostLog | None = None
-    frames: asyncio.Queue[tuple[bytes, Envelope, bytes]] = field(
-        default_factory=asyncio.Queue)
-    task: asyncio.Task[None] | None = None
-    listening: bool = False
-
-
-class ReplicaServer(ControllerServer):
+class ReplicaServer(AgentDoors, ControllerServer):
     DURABLE = False  # the feed here is a copy of the bus's
 
     def __init__(self, cfg: Any, cfg_path: Path | None = None, *,
@@ -237,99 +215,6 @@ class ReplicaServer(ControllerServer):
             elif time.monotonic() - away_since >= self.cfg.cluster.lease:
                 return
 
-    async def _frames(self, router: zmq.asyncio.Socket) -> None:
-        authenticated = self.zap is not None
-        while True:
-            await router.poll(flags=zmq.POLLIN)
-            while True:
-                try:
-                    frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
-                except zmq.Again:
-                    break
-                conn, message = _decoded(frames, AGENT_KINDS)
-                if not isinstance(message, Envelope):
-                    self.ingest_stats["rejected"] += 1
-                    continue
-                host = frames[1].get("User-Id") if authenticated else message.sender
-                if host != message.sender:
-                    # The key decides who a host is; the frame's sender must agree with it.
-                    self.ingest_stats["rejected"] += 1
-                    continue
-                door = self.doors.get(host)
-                if door is None:
-                    door = self.doors[host] = Door(host)
-                    door.task = asyncio.get_running_loop().create_task(self._door(door))
-                door.frames.put_nowait((conn, message, frames[1].bytes))
-
-    async def _door(self, door: Door) -> None:
-        """One host's frames, one at a time: each store is fenced on the one before."""
-        while True:
-            conn, env, frame = await door.frames.get()
-            try:
-                await self._take(door, conn, env, frame)
-            except Exception as exc:  # the bus away, a timeout: no answer, the agent resends
-                self.ingest_stats["failed"] += 1
-                now = time.monotonic()
-                if now - self._failure_logged >= 10.0:
-                    self._failure_logged = now
-                    log.warning("host %s: frame %d not stored (%s: %s); %d such in all",
-                                door.host, env.seq, type(exc).__name__, exc,
-                                self.ingest_stats["failed"])
-
-    async def _take(self, door: Door, conn: bytes, env: Envelope, frame: bytes) -> None:
-        if isinstance(env.body, Hello):
-            door.log = await self.bus.agent_log(door.host)  # another replica may have had it
-        known = door.log if conn == door.conn or isinstance(env.body, Hello) else None
-        decision = judge(known, env)
-        if decision.verdict is Verdict.BEAT:
-            self._heard.add(door.host)
-            return
-        if decision.verdict is Verdict.STORE:
-            assert decision.after is not None and door.log is not None
-            after = decision.after
-            try:
-                stored = await self.bus.store(
-                    agent_subject(door.host), frame, door.log.subject_seq,
-                    headers={"hz-host": door.host, "hz-epoch": str(after.epoch),
-                             "hz-seq": str(after.seq)},
-                    msg_id=message_id(door.host, after, env))
-            except Fenced:
-                # Another replica stored for this host since: what does the bus hold now?
-                self.ingest_stats["fenced"] += 1
-                door.log = await self.bus.agent_log(door.host)
-                if conn == door.conn and not isinstance(env.body, Hello | Goodbye):
-                    self._answer(conn, judge(door.log, env).answer)
-                return
-            self.ingest_stats["stored"] += 1
-            door.log = dataclasses.replace(after, subject_seq=stored.seq)
-            self._heard.add(door.host)
-            if isinstance(env.body, Hello):
-                door.conn = conn
-                await self._listen(door)
-        self._answer(conn, decision.answer)
-
-    def _answer(self, conn: bytes, message: Message | None) -> None:
-        if message is None or self.router is None:
-            return
-        self.ingest_stats["answered"] += 1
-        with contextlib.suppress(zmq.ZMQError):  # the door closed meanwhile: it resends
-            self.router.send_multipart([conn, encode(message, sender=SENDER)],
-                                       flags=zmq.NOBLOCK)
-
-    async def _listen(self, door: Door) -> None:
-        """What the leader has for the host reaches it through this replica."""
-        if door.listening:
-            return
-        assert self.bus.nc is not None
-
-        async def forward(msg: Any) -> None:
-            if door.conn is not None and self.router is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    self.router.send_multipart([door.conn, msg.data], flags=zmq.NOBLOCK)
-
-        await self.bus.nc.subscribe(to_agent_subject(door.host), cb=forward)
-        door.listening = True
-
     async def _beat_loop(self) -> None:
         while True:
             await asyncio.sleep(BEAT_INTERVAL)
@@ -380,7 +265,7 @@ class ReplicaServer(ControllerServer):
                 # Over budget: dropped unread and unanswered, as the embedded core does.
                 await asyncio.sleep(0)
                 continue
-            peer, message = _decoded(frames, TENANT_KINDS, strict=True)
+            peer, message = decoded(frames, TENANT_KINDS, strict=True)
             if isinstance(message, Envelope) and message.kind in FORWARDED:
                 task = loop.create_task(self._forward(ZMQ_PEER + peer, tenant, message))
                 self._forwarding.add(task)  # held until done (the loop keeps weak refs)

@@ -12,8 +12,9 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from controller.agreementphases import PHASES
 from controller.limits import descriptors
-from harmonaize import __version__
+from harmonaize import __version__, statemachine
 from harmonaize.exhaustion import families as exhaustion_families
 from harmonaize.messages import TuningStatus
 from harmonaize.metrics import Family, counter, gauge
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from controller.server import ControllerServer
 
 P = "harmonaize_controller"
+#: The controller's state machines, shown at 0 before any illegal move.
+MACHINES = (PHASES.name,)
 #: Feed counters (``ControllerCore.feed.stats`` keys) and what they are.
 FEED_COUNTERS = {
     "published": ("feed_messages_published_total", "Messages published on the tenant feed."),
@@ -68,6 +71,12 @@ def collect(server: ControllerServer) -> list[Family]:
                       "Multi-host tuning changes, by outcome (armed, confirmed, cancelled).")
     for outcome in ("armed", "confirmed", "cancelled"):
         changes.add(core.agreement.counters.get(outcome, 0), outcome=outcome)
+    illegal = counter(f"{P}_illegal_transitions_total",
+                      "State-machine moves the machine's table does not hold, refused and "
+                      "counted (a bug: the state stayed as it was), by machine.")
+    refused_moves = statemachine.illegal_counts()
+    for machine in sorted(set(MACHINES) | set(refused_moves)):
+        illegal.add(refused_moves.get(machine, 0), machine=machine)
     handshakes = counter(f"{P}_handshakes_failed_total",
                          "Connections whose ZeroMQ handshake failed, by port and reason (auth: "
                          "a key not on file; protocol: no CurveZMQ; no_detail: a wrong server "
@@ -100,6 +109,7 @@ def collect(server: ControllerServer) -> list[Family]:
             len(core.redactor.placements)),
         tuning,
         changes,
+        illegal,
         gauge(f"{P}_storage_paused", "1 while the database's disk is full: writing and "
               "acknowledgements pause, reads go on.").add(int(server.writer.paused)),
         counter(f"{P}_storage_full_total", "Times writing paused for a full disk.").add(

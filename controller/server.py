@@ -23,10 +23,8 @@ may have gone silent, a capacity update held back by its interval and jitter,
 an agreement timeout or resend, a subscription's renewal, republication,
 pruning), or until new input may have moved it.
 
-(Near 600 lines: the sockets, the three loops, executing the core's outputs,
-reload and the operator socket's wiring are one shell, and all of it is I/O;
-what it decides is the core's, and pausing writes on a full disk is
-controller/writeback.py's.)
+The operator's commands and reload are controller/operatorcommands.py's; decoding frames and
+binding sockets controller/sockets.py's.
 """
 
 from __future__ import annotations
@@ -35,33 +33,29 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
 import signal
-import sqlite3
 import time
 from collections.abc import Coroutine
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from controller import config as controller_config
-from controller import selfmetrics, views
-from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler, curve_server
+from controller import selfmetrics
+from controller.auth import AGENTS, TENANTS, AllowList, ZapHandler
 from controller.config import AuthMode, ControllerConfig
 from controller.core import ControllerCore
 from controller.gateway.http import Gateway
-from controller.gateway.tokens import TokenBook, TokenError, Tokens
-from controller.handshakes import HANDSHAKE_TIMEOUT_MS, PortWatch
+from controller.gateway.tokens import TokenBook, Tokens
+from controller.handshakes import PortWatch
 from controller.handshakes import watch as watch_handshakes
-from controller.limits import descriptors, raise_descriptor_limit
+from controller.limits import raise_descriptor_limit
+from controller.operatorcommands import OperatorCommands
 from controller.outputs import (
     AgentPeer,
     AnswerTenant,
-    BadFrame,
     Commit,
     Delivery,
     Output,
@@ -73,62 +67,30 @@ from controller.outputs import (
 )
 from controller.publications import SENDER
 from controller.scheduler.wiring import SchedulerWiring
+from controller.sockets import ZMQ_PEER, agent_router, bind_or_say, decoded, feed_router, sent
 from controller.store import Store, StoreError
 from controller.writeback import Writer
-from harmonaize import __version__, keys
-from harmonaize.config import ConfigError
+from harmonaize import keys
 from harmonaize.exhaustion import AcceptExhaustion
 from harmonaize.logs import one_line
 from harmonaize.messages import (
     AGENT_KINDS,
-    MAX_FRAME,
     TENANT_KINDS,
     Envelope,
     Reply,
-    WireError,
-    decode,
     encode,
 )
 from harmonaize.metrics import MetricsServer, Registry
-from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import SchemaError
+from harmonaize.opsocket import OperatorSocket
 from harmonaize.sdnotify import Notifier
 
 log = logging.getLogger("harmonaize.controller")
 
 #: Frames handled per batch before committing and acknowledging.
 BATCH = 2000
-#: The core's name for a tenant's ZeroMQ connection: this, then its routing id.
-ZMQ_PEER = b"z"
 
 
-def _sent(future: Any) -> BaseException | None:
-    """The error of a non-blocking asyncio send (it completes at once), if any."""
-    return future.exception() if future.done() else None
-
-
-def _bind_or_say(sock: zmq.Socket, key: str, endpoint: str) -> None:
-    """Bind, or fail with one line naming the setting (a taken port, an unknown host)."""
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        raise RuntimeError(f"{key} = {endpoint!r}: cannot listen there: {exc.strerror}"
-                           ) from None
-
-
-def _decoded(frames: list[zmq.Frame], kinds: frozenset[str], *,
-             strict: bool = False) -> tuple[bytes, Envelope | BadFrame]:
-    """A frame pair as (routing id, message), or why it is none."""
-    if len(frames) != 2:
-        return frames[0].bytes, BadFrame("framing",
-                                         f"{len(frames) - 1} frames where one was expected")
-    try:
-        return frames[0].bytes, decode(frames[1].bytes, allowed=kinds, strict=strict)
-    except WireError as exc:
-        return frames[0].bytes, BadFrame("invalid", str(exc), exc.seq, exc.readable)
-
-
-class ControllerServer:
+class ControllerServer(OperatorCommands):
     #: Commits must survive an OS crash (a cluster replica's database is only a cache).
     DURABLE = True
 
@@ -195,31 +157,15 @@ class ControllerServer:
                         "tenants get pool topics only", self.cfg.controller.listen)
         self._pair = pair
         self.router = self._agent_socket()
-        self.tenants = self._ctx.socket(zmq.ROUTER)
-        self.tenants.setsockopt(zmq.LINGER, 0)
-        self.tenants.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
-        # Sending to a gone or full subscriber fails at once instead of vanishing.
-        self.tenants.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.tenants.setsockopt(zmq.SNDHWM, self.cfg.feed.send_hwm)
-        if self.cfg.feed.socket_buffer:
-            self.tenants.setsockopt(zmq.SNDBUF, self.cfg.feed.socket_buffer)
-        self.tenants.setsockopt(zmq.RCVHWM, 100)
-        self.tenants.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
-        if pair is not None:
-            curve_server(self.tenants, pair, TENANTS)
-        _bind_or_say(self.tenants, "controller.feed", self.cfg.controller.feed)
+        self.tenants = feed_router(self._ctx, self.cfg.feed.send_hwm, self.cfg.feed.socket_buffer,
+                                   pair)
+        bind_or_say(self.tenants, "controller.feed", self.cfg.controller.feed)
 
     def _agent_socket(self) -> zmq.asyncio.Socket:
         """The agents' ROUTER, bound (a cluster replica makes it again after its bus
         came back)."""
-        router = self._ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
-        # ZeroMQ drops a peer that sends a frame larger than this before we see it.
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME + 1024)
-        if self._pair is not None:
-            curve_server(router, self._pair, AGENTS)
-        _bind_or_say(router, "controller.listen", self.cfg.controller.listen)
+        router = agent_router(self._ctx, self._pair)
+        bind_or_say(router, "controller.listen", self.cfg.controller.listen)
         return router
 
     async def run(self) -> int:
@@ -322,7 +268,7 @@ class ControllerServer:
                     frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
                 except zmq.Again:
                     break
-                conn, message = _decoded(frames, AGENT_KINDS)
+                conn, message = decoded(frames, AGENT_KINDS)
                 # The key's name, which the core holds the frame's sender to.
                 host = frames[1].get("User-Id") if authenticated and len(frames) == 2 else None
                 out += self.core.receive(AgentPeer(conn, host), message, now)
@@ -341,7 +287,7 @@ class ControllerServer:
             # The request spends its tenant's budget before it is decoded: over budget
             # it is dropped unread, whatever it holds.
             if self.core.feed.admit(tenant, time.monotonic()):
-                peer, message = _decoded(frames, TENANT_KINDS, strict=True)
+                peer, message = decoded(frames, TENANT_KINDS, strict=True)
                 # ZeroMQ's peers are z + routing id, the gateway's h + a number: no
                 # client can choose a routing id that names another's peer.
                 self._execute(self.core.receive(
@@ -435,188 +381,16 @@ class ControllerServer:
     def _send(self, conn: bytes, body: Any) -> None:
         assert self.router is not None
         # Failure is fine: a gone peer resyncs, a full one resends what is unacknowledged.
-        _sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
+        sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
 
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
         """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
         assert self.tenants is not None
         if not peer.startswith(ZMQ_PEER):
             return Delivery.GONE  # a gateway's peer after the gateway closed
-        exc = _sent(self.tenants.send_multipart([peer[1:], topic, frame], flags=zmq.NOBLOCK))
+        exc = sent(self.tenants.send_multipart([peer[1:], topic, frame], flags=zmq.NOBLOCK))
         if exc is None:
             return Delivery.SENT
         if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
             return Delivery.GONE
         return Delivery.FULL
-
-    # --- configuration -------------------------------------------------------------------
-
-    def reload(self) -> str | None:
-        """SIGHUP or ``reload``: re-read the configuration; a bad file keeps the running one.
-
-        What the loops read each time (liveness, feed timing and retention,
-        redaction, tuning agreement, log level) applies at once; sockets, the
-        database, keys and metrics keep their values until the next restart, and
-        the log says which. Returns the error that refused the new file, if any.
-        """
-        self.notifier.reloading()
-        try:
-            new, _ = controller_config.load(self.cfg_path)
-        except ConfigError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
-            self.notifier.notify("READY=1", f"STATUS=reload failed: {exc}")
-            return str(exc)
-        self.cfg, later = controller_config.reloaded(self.cfg, new)
-        if later:
-            log.warning("changes to %s take effect at the next restart", ", ".join(later))
-        self.core.reconfigure(self.cfg)
-        self.scheduler.reconfigure(self.cfg.scheduler)
-        self.writer.retry = self.cfg.controller.full_disk_retry
-        self._wake.set()  # the deadlines may have moved
-        logging.getLogger().setLevel(new.controller.log_level.value.upper())
-        self.notifier.notify("READY=1", f"STATUS={len(self.core.cluster.hosts)} known hosts")
-        log.info("configuration reloaded from %s", self.cfg_path or "built-in defaults")
-        return None
-
-    def _cmd_reload(self, args: dict[str, Any]) -> dict[str, Any]:
-        error = self.reload()
-        if error is not None:
-            raise CommandError(f"reload refused, running configuration kept: {error}")
-        return {"config": str(self.cfg_path) if self.cfg_path else None}
-
-    # --- admin commands: the views are controller/views.py's -------------------------------
-
-    def _commands(self) -> dict[str, Command]:
-        core = self.core
-        return {
-            "status": Command(self._cmd_status, "controller counters and endpoints"),
-            "hosts": Command(lambda _: views.hosts(core, time.monotonic()),
-                             "every known host and its last state"),
-            "capacity": Command(lambda _: views.capacity(core), "what tenants currently see"),
-            "jobs": Command(lambda _: views.jobs(core, time.monotonic()),
-                            "jobs' placements (from the scheduler)"),
-            "place": Command(self._cmd_place, "record a job's placement: job, tenant, members",
-                             changes=True, scheduler=True),
-            "unplace": Command(self._cmd_unplace, "forget a job's placement", changes=True,
-                               scheduler=True),
-            "events": Command(self._cmd_events, "recent host events"),
-            "feed": Command(lambda _: views.feed(core, time.monotonic()),
-                            "tenant subscribers: topics, sent, dropped"),
-            "tenants": Command(lambda _: views.tenants(core, self._tenant_keys()),
-                               "tenants: key, jobs, declarations, subscribers"),
-            "pools": Command(lambda _: views.pools(core),
-                             "pools: hosts and GPUs (the provider's view)"),
-            "privacy": Command(lambda _: views.privacy(core, time.monotonic()),
-                               "the private feed's budget per pool: ε spent in 24 h, plan"),
-            "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
-            "tokens": Command(self._cmd_tokens, "tenants' HTTP gateway tokens (no secrets)"),
-            "token-issue": Command(self._cmd_token_issue,
-                                   "issue a tenant a bearer token: tenant, days, note",
-                                   changes=True),
-            "token-revoke": Command(self._cmd_token_revoke, "revoke a token by its id",
-                                    changes=True),
-            **self.scheduler.commands(),
-        }
-
-    def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "version": __version__,
-            "pid": os.getpid(),
-            "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-            "listen": self.cfg.controller.listen,
-            "feed": self.cfg.controller.feed,
-            "database": self.cfg.controller.database,
-            **views.counters(self.core),
-            "auth": self._auth_status(),
-            "handshakes_failed": {name: sum(port.failed.values())
-                                  for name, port in self.ports.items()},
-            "ports": {name: port.view() for name, port in self.ports.items()},
-            "descriptors": descriptors(),
-            "storage": self.writer.view(time.monotonic()),
-            # Hosts left out of tenants' capacity: their pool or class is not in [pools].
-            "held_back_hosts": sum(self.core.redactor.held_back.values()),
-            "admin_socket": asdict(self.admin.stats),
-            "gateway": self.gateway.view() if self.gateway is not None else None,
-        }
-
-    def _auth_status(self) -> dict[str, Any]:
-        if self.zap is None:
-            return {"mode": "none"}
-        return {
-            "mode": "curve",
-            "keys_dir": self.cfg.auth.keys_dir,
-            "agents_allowed": len(self.zap.lists[AGENTS].names()),
-            "tenants_allowed": len(self.zap.lists[TENANTS].names()),
-            "accepted": dict(self.zap.accepted),
-            "refused": dict(self.zap.refused),
-        }
-
-    def _tenant_keys(self) -> set[str] | None:
-        return set(self.zap.lists[TENANTS].names()) if self.zap is not None else None
-
-    def _writable(self) -> None:
-        """Refuse an operator's change while the disk is full (nothing could store it)."""
-        if self.writer.paused:
-            raise CommandError("the controller's disk is full, nothing can be stored now: "
-                               "try again later (harmonctl -C status: storage)")
-
-    def _stored(self) -> None:
-        """After a change: say so if its commit found no room (it is kept, in memory)."""
-        if self.writer.paused:
-            raise CommandError("taken, but the controller's disk is full: it is stored once "
-                               "there is room, and lost if the controller stops before")
-
-    def _cmd_place(self, args: dict[str, Any]) -> dict[str, Any]:
-        try:
-            placement = views.placement(args)
-        except SchemaError as exc:
-            raise CommandError(str(exc)) from None
-        self._writable()
-        self._execute(self.core.place(placement, time.monotonic(), time.time()))
-        self._stored()
-        return views.placed(self.core, placement)
-
-    def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
-        job = args.get("job")
-        if isinstance(job, str) and job not in self.core.redactor.placements and \
-                args.get("missing_ok") is True:
-            return {"job": job, "placed": False}  # a scheduler's epilog said it again
-        if not isinstance(job, str) or job not in self.core.redactor.placements:
-            raise CommandError("job must name a placed job")
-        self._writable()
-        self._execute(self.core.unplace(job, time.monotonic()))
-        self._stored()
-        return {"job": job}
-
-    async def _cmd_tokens(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        return await self.tokens.listed(time.time())
-
-    async def _cmd_token_issue(self, args: dict[str, Any]) -> dict[str, Any]:
-        self._writable()
-        try:
-            issued = await self.tokens.issue(args.get("tenant"), args.get("days", 90),
-                                             args.get("note", ""), time.time())
-        except TokenError as exc:
-            raise CommandError(str(exc)) from None
-        except sqlite3.OperationalError as exc:  # a full disk, found by this very write
-            raise CommandError(f"not stored: {exc}; try again later") from None
-        log.info("issued token %s for tenant %r", issued["id"], issued["tenant"])
-        return issued
-
-    async def _cmd_token_revoke(self, args: dict[str, Any]) -> dict[str, Any]:
-        self._writable()
-        try:
-            tenant = await self.tokens.revoke(args.get("id"), time.time())
-        except TokenError as exc:
-            raise CommandError(str(exc)) from None
-        except sqlite3.OperationalError as exc:  # a full disk, found by this very write
-            raise CommandError(f"not stored: {exc}; try again later") from None
-        ended = self.gateway.revoked(args["id"]) if self.gateway is not None else 0
-        log.info("revoked token %s of tenant %r (%d streams ended)", args["id"], tenant, ended)
-        return {"revoked": args["id"], "tenant": tenant, "streams_ended": ended}
-
-    def _cmd_events(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        limit = args.get("limit", 50)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
-            raise CommandError("limit must be an integer from 1 to 10000")
-        return self.store.recent_events(limit)

@@ -4,7 +4,8 @@ Writes are batched: the core applies a batch of agent messages in memory and
 hands back what changed (:class:`~controller.outputs.Writes`: hosts, events,
 publications, declarations, placements, tuning state); :meth:`Store.commit`
 stores it in one transaction, and only then does the shell send the
-acknowledgements and publications that depend on it.
+acknowledgements and publications that depend on it. The file itself (its schema,
+whether it can be used, a full disk) is controller/storefile.py's.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import shutil
 import sqlite3
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,117 +23,24 @@ import msgpack
 from controller.cluster import HostRecord
 from controller.notices import Notice
 from controller.outputs import Restored, Writes
+from controller.storefile import (
+    SCHEMA_VERSION,
+    UPGRADABLE,
+    StoreError,
+    StoreFull,
+    create_schema,
+    move_aside,
+    no_room,
+    problem,
+)
 from controller.types import Member, Placement
 from harmonaize.messages import HostSummary, JobDeclaration
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
-#: Version 1 lacked the feed log and declarations, version 2 the tuning state, version 3
-#: validation notices, the feed's streams and the HTTP gateway's tokens: their tables are
-#: added, and the feed log's
-#: new columns (:data:`_COLUMNS`); messages stored before them sit before every cursor.
-UPGRADABLE = {1, 2, 3}
-_COLUMNS = {
-    "feed_topics": {"pruned": "INTEGER NOT NULL DEFAULT 0"},
-    "feed_log": {"stream": "TEXT NOT NULL DEFAULT ''", "offset": "INTEGER NOT NULL DEFAULT 0"},
-}
 #: Host events kept for operators; older ones are pruned.
 EVENT_RETENTION = 100_000
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value ANY) STRICT;
-CREATE TABLE IF NOT EXISTS hosts (
-    host_id TEXT PRIMARY KEY,
-    pool TEXT NOT NULL,
-    gpu_class TEXT NOT NULL,
-    gpus INTEGER NOT NULL,
-    version TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    last_seq INTEGER NOT NULL,
-    heartbeat REAL NOT NULL,
-    alive INTEGER NOT NULL,
-    down_reason TEXT NOT NULL,
-    summary BLOB
-) STRICT;
-CREATE TABLE IF NOT EXISTS placements (
-    job TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    members TEXT NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS feed_topics (
-    topic TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    pruned INTEGER NOT NULL DEFAULT 0
-) STRICT;
-CREATE TABLE IF NOT EXISTS feed_log (
-    topic TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    condition INTEGER NOT NULL,
-    frame BLOB NOT NULL,
-    stream TEXT NOT NULL DEFAULT '',
-    offset INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (topic, seq)
-) STRICT, WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS feed_streams (stream TEXT PRIMARY KEY, offset INTEGER NOT NULL) STRICT;
-CREATE TABLE IF NOT EXISTS declarations (
-    job TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    body BLOB NOT NULL
-) STRICT;
-CREATE TABLE IF NOT EXISTS tuning (job TEXT PRIMARY KEY, state TEXT NOT NULL) STRICT;
-CREATE TABLE IF NOT EXISTS notices (id TEXT PRIMARY KEY, state TEXT NOT NULL) STRICT;
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    hash BLOB NOT NULL,
-    created REAL NOT NULL,
-    expires REAL NOT NULL,
-    revoked REAL NOT NULL DEFAULT 0,
-    note TEXT NOT NULL DEFAULT ''
-) STRICT;
-CREATE TABLE IF NOT EXISTS host_events (
-    id INTEGER PRIMARY KEY,
-    host_id TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    time REAL NOT NULL,
-    reason TEXT NOT NULL,
-    severity TEXT NOT NULL,
-    message TEXT NOT NULL
-) STRICT;
-"""
-
-
-class StoreError(RuntimeError):
-    """The database cannot be used as it is; the message names the file and the way out."""
-
-
-class StoreFull(StoreError):
-    """A write found no room (SQLITE_FULL, or an I/O error on a full file system): nothing
-    of it was stored, and the same write may be tried again once there is room."""
-
-
-#: SQLite's primary result codes for "full" and "I/O error" (extended codes keep these
-#: in their low byte).
-SQLITE_FULL, SQLITE_IOERR = 13, 10
-#: Below this many free bytes an I/O error on the database's file system is taken for a
-#: full disk (SQLite reports ENOSPC on some writes as SQLITE_IOERR_WRITE).
-NEARLY_FULL = 1 << 20
-
-
-def _no_room(path: Path, exc: sqlite3.Error) -> bool:
-    """Whether ``exc`` means the database's file system has no room."""
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    if code == SQLITE_FULL:
-        return True
-    if code != SQLITE_IOERR:
-        return False
-    try:
-        return shutil.disk_usage(path.parent).free < NEARLY_FULL
-    except OSError:
-        return False
 
 
 class Store:
@@ -155,52 +61,17 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot make its directory: {exc.strerror}") from None
-        problem = self._problem()
-        if problem is not None:
+        trouble = problem(self.path)
+        if trouble is not None:
             if not initialise:
-                raise StoreError(f"{self.path}: {problem}; refusing to start (restore it, or "
+                raise StoreError(f"{self.path}: {trouble}; refusing to start (restore it, or "
                                  "start once with --initialise to move it aside and begin "
                                  "anew)")
-            self._move_aside(problem)
+            move_aside(self.path, trouble)
         try:
             self._open()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a usable database ({exc})") from None
-
-    def _problem(self) -> str | None:
-        """Why the existing file cannot be used, if it cannot (None: fine, or no file)."""
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return None
-        if self.path.is_dir():
-            return "is a directory, not a database file"
-        if size == 0:
-            return "the database file is empty (0 bytes)"
-        try:
-            db = sqlite3.connect(self.path)
-            try:
-                verdict = db.execute("PRAGMA quick_check").fetchone()[0]
-                version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'"
-                                     ).fetchone()
-            finally:
-                db.close()
-        except sqlite3.DatabaseError as exc:
-            return f"not a usable database ({exc})"
-        if verdict != "ok":
-            return f"the database is damaged ({str(verdict)[:200]})"
-        if version is None:
-            return "holds no HarmonAIze state (no schema version)"
-        return None
-
-    def _move_aside(self, problem: str) -> None:
-        stamp = time.strftime("%Y%m%dT%H%M%S")
-        for suffix in ("", "-wal", "-shm"):
-            old = Path(f"{self.path}{suffix}")
-            if old.exists():
-                old.rename(f"{self.path}.broken-{stamp}{suffix}")
-        log.warning("%s: %s: moved aside as %s.broken-%s; beginning a new database (tenants' "
-                    "clients will see a new feed epoch)", self.path, problem, self.path, stamp)
 
     def _open(self) -> None:
         self.db = sqlite3.connect(self.path, isolation_level=None)
@@ -208,13 +79,7 @@ class Store:
         # An ack promises the agent its message is durable, so a commit must
         # survive an OS crash too (NORMAL would only survive a process crash).
         self.db.execute("PRAGMA synchronous=FULL" if self.durable else "PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
-        for table, columns in _COLUMNS.items():
-            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
-            for column, spec in columns.items():
-                if column not in have:
-                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {spec}")
-        self.db.execute("CREATE INDEX IF NOT EXISTS feed_by_stream ON feed_log (stream, offset)")
+        create_schema(self.db)
         version = self.get_meta("schema_version")
         if version is None or version in UPGRADABLE:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -373,7 +238,7 @@ class Store:
             with self.db:
                 yield
         except sqlite3.Error as exc:
-            if not _no_room(self.path, exc):
+            if not no_room(self.path, exc):
                 raise
             if self.db.in_transaction:
                 self.db.rollback()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from controller.core import ControllerCore
-from controller.redaction import Mode
+from controller.redactionconfig import Mode
 from controller.types import Member, Placement
 from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
 
@@ -162,3 +162,16 @@ def privacy(core: ControllerCore, now: float) -> dict[str, Any]:
     return {"mode": str(cfg.mode), "epsilon_per_day": cfg.epsilon_per_day,
             "release_interval": cfg.release_interval, "host_gpus": cfg.host_gpus,
             "refused": red.ledger.refused, "pools": rows}
+
+
+def tenant_notices(core: ControllerCore, tenant: str) -> list[dict[str, Any]]:
+    """A tenant's validation notices as ``GET /v1/notices`` lists them."""
+    out = []
+    for notice in core.notices.of_tenant(tenant):
+        declared = core.declarations.get(notice.job)
+        max_defer = declared[1].max_validation_defer if declared else 0.0
+        out.append({"id": notice.id, "job": notice.job, "status": notice.status.value,
+                    "not_before": notice.not_before, "pause_seconds": notice.pause,
+                    "approved": notice.approved, "deferred_seconds": notice.deferred,
+                    "defer_seconds": core.notices.defer_left(notice.id, max_defer)})
+    return out

@@ -27,7 +27,8 @@ import random
 from collections.abc import Iterable
 
 from controller.privacy import seeded_sampler
-from controller.redaction import Mode, RedactionConfig, Redactor
+from controller.redaction import Redactor
+from controller.redactionconfig import Mode, RedactionConfig
 from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
     Advice,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from controller.redaction import Mode, RedactionConfig
+from controller.redactionconfig import Mode, RedactionConfig
 
 if TYPE_CHECKING:
     from sim.energy import Plan

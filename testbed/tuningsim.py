@@ -46,7 +46,8 @@ from agent.links.types import LinkRates, LinkSample
 from agent.plugin.shm import policy_path, prepare_dirs
 from agent.tuning.service import TuningService
 from agent.tuning.settings import TuningSection
-from controller.agreement import Agreement, AgreementSettings
+from controller.agreement import Agreement
+from controller.agreementstate import AgreementSettings
 from harmonaize.messages import (
     Algorithm,
     Collective,

@@ -30,10 +30,8 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import nats.errors
 import nats.js.errors
-from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from controller import views
-from controller.bus import codec
+from controller.bus import codec, requests, snapshots
 from controller.bus.nats import (
     AGENTS,
     BEATS,
@@ -41,7 +39,6 @@ from controller.bus.nats import (
     LEADER_ADMIN,
     LEADER_KEY,
     LEADER_REQUEST,
-    SNAPSHOTS,
     STATE,
     Bus,
     Fenced,
@@ -62,7 +59,6 @@ from controller.publications import SENDER
 from controller.store import Store
 from harmonaize.messages import (
     AGENT_KINDS,
-    TENANT_KINDS,
     Ack,
     Envelope,
     ErrorCode,
@@ -72,10 +68,9 @@ from harmonaize.messages import (
     WireError,
     decode,
     encode,
-    kinds,
 )
 from harmonaize.opsocket import CommandError
-from harmonaize.schema import SchemaError, from_plain, strict_keys, to_plain
+from harmonaize.schema import SchemaError, to_plain
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -86,8 +81,6 @@ log = logging.getLogger("harmonaize.controller.leader")
 
 #: The core's name for a host heard on the bus.
 BUS_PEER = b"bus:"
-#: Requests a replica forwards (a subscription stays with the replica).
-FORWARDED = TENANT_KINDS - {"subscribe"}
 
 
 class StepDown(Exception):
@@ -167,15 +160,7 @@ class Leader:
     async def _restore(self) -> list[FeedEntry]:
         """The state as of the last commit: the newest snapshot, then every commit after
         it. Returns the publications of those commits (to publish again)."""
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{self.mirror_path}{suffix}").unlink(missing_ok=True)
-        assert self.bus.js is not None
-        snapshots = await self.bus.js.object_store(SNAPSHOTS)
-        with contextlib.suppress(NotFoundError, ObjectNotFoundError):
-            names = [o.name for o in await snapshots.list() if o.name.startswith("leader-")]
-            if names:
-                newest = max(names, key=lambda n: int(n.split("-")[1].split(".")[0]))
-                self.mirror_path.write_bytes((await snapshots.get(newest)).data or b"")
+        await snapshots.fetch_newest(self.bus, self.mirror_path)
         self.store = Store(self.mirror_path, durable=False)
         self.commit_seq = int(self.store.get_meta("bus_commit_seq") or 0)
         self.agents_seq = int(self.store.get_meta("bus_agents_seq") or 0)
@@ -244,10 +229,10 @@ class Leader:
             if isinstance(hosts, list):
                 self._queue.put_nowait(("beats", [h for h in hosts if isinstance(h, str)]))
 
-    async def _request(self, msg: Msg) -> None:
+    async def _request(self, msg: Msg) -> None:  # a tenant's, forwarded by a replica
         self._queue.put_nowait(("request", msg))
 
-    async def _admin(self, msg: Msg) -> None:
+    async def _admin(self, msg: Msg) -> None:  # an operator's, forwarded by a replica
         self._queue.put_nowait(("admin", msg))
 
     async def _renew(self) -> None:
@@ -326,14 +311,7 @@ class Leader:
     def _tenant_request(self, core: ControllerCore, msg: Msg, now: float) -> list[Output]:
         """A tenant's request a replica forwarded: {tenant, kind, seq, body}."""
         try:
-            request = msgpack.unpackb(msg.data, raw=False)
-            kind = request["kind"]
-            if kind not in FORWARDED:
-                raise ValueError(f"{kind!r} is not forwarded")
-            with strict_keys():
-                body = from_plain(kinds()[kind], request["body"], kind)
-            env = Envelope(kind, "tenant", int(request["seq"]), time.time(), body)
-            tenant = str(request["tenant"])
+            tenant, env = requests.forwarded(msg.data)
         except (ValueError, TypeError, KeyError, SchemaError) as exc:
             reply = Reply(0, False, f"rejected: {exc}"[:1000], ErrorCode.INVALID.value)
             self._replies.append((msg, reply))
@@ -349,8 +327,10 @@ class Leader:
         outputs: list[Output] = []
         try:
             request = msgpack.unpackb(msg.data, raw=False)
-            result, outputs = self.command(core, str(request["command"]),
-                                           dict(request.get("args") or {}), now, wall)
+            name, args = str(request["command"]), dict(request.get("args") or {})
+            assert self.store is not None
+            result, outputs = (self.view(), []) if name == "leader" else requests.command(
+                core, self.store, name, args, now=now, wall=wall)
             answer = {"result": result}
         except CommandError as exc:
             answer = {"error": str(exc)}
@@ -360,50 +340,6 @@ class Leader:
         await self._execute(outputs)
         await msg.respond(msgpack.packb(answer, use_bin_type=True))
         return []
-
-    def command(self, core: ControllerCore, name: str, args: dict[str, Any], now: float,
-                wall: float) -> tuple[Any, list[Output]]:
-        """The leader's answer to an operator command, and the outputs it causes."""
-        if name == "hosts":
-            return views.hosts(core, now), []
-        if name == "capacity":
-            return views.capacity(core), []
-        if name == "jobs":
-            return views.jobs(core, now), []
-        if name == "tenants":
-            return views.tenants(core, None), []
-        if name == "pools":
-            return views.pools(core), []
-        if name == "privacy":
-            return views.privacy(core, now), []
-        if name == "events":
-            limit = args.get("limit", 50)
-            if isinstance(limit, bool) or not isinstance(limit, int) or \
-                    not 1 <= limit <= 10_000:
-                raise CommandError("limit must be an integer from 1 to 10000")
-            assert self.store is not None
-            return self.store.recent_events(limit), []
-        if name == "place":
-            try:
-                placement = views.placement(args)
-            except SchemaError as exc:
-                raise CommandError(str(exc)) from None
-            return views.placed(core, placement), core.place(placement, now, wall)
-        if name == "unplace":
-            job = args.get("job")
-            if isinstance(job, str) and job not in core.redactor.placements and \
-                    args.get("missing_ok") is True:
-                return {"job": job, "placed": False}, []
-            if not isinstance(job, str) or job not in core.redactor.placements:
-                raise CommandError("job must name a placed job")
-            return {"job": job}, core.unplace(job, now)
-        if name == "tenant-notices":
-            from controller.gateway.http import tenant_notices  # noqa: PLC0415
-
-            return tenant_notices(core, str(args.get("tenant", ""))), []
-        if name == "leader":
-            return self.view(), []
-        raise CommandError(f"unknown command {name!r}")
 
     # --- outputs -------------------------------------------------------------------------
 
@@ -447,24 +383,8 @@ class Leader:
 
     async def _snapshot(self) -> None:
         """The mirror as of the last commit, in the object store; commits before it go."""
-        assert self.store is not None and self.bus.js is not None
-        covered = self.commit_seq
-        if covered == 0:
-            return
-        copy = self.mirror_path.with_suffix(".snapshot")
-        copy.unlink(missing_ok=True)
-        self.store.db.execute("VACUUM INTO ?", (str(copy),))
-        snapshots = await self.bus.js.object_store(SNAPSHOTS)
-        name = f"leader-{covered}.db"
-        await snapshots.put(name, copy.read_bytes())
-        copy.unlink(missing_ok=True)
-        with contextlib.suppress(NotFoundError, ObjectNotFoundError):
-            for old in await snapshots.list():
-                if old.name.startswith("leader-") and old.name != name:
-                    await snapshots.delete(old.name)
-        # Keep the last commit: the next one is fenced on it.
-        await self.bus.js.purge_stream(STATE, subject=COMMIT_SUBJECT, seq=covered)
-        log.info("snapshot of the state to commit %d", covered)
+        assert self.store is not None
+        await snapshots.take(self.bus, self.store, self.mirror_path, self.commit_seq)
 
     def view(self) -> dict[str, Any]:
         return {"leading": self.leading, "terms": self.terms,

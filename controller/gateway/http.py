@@ -8,13 +8,13 @@ gateway adds is transport: authentication by token, certificate or browser sessi
 cursors over the two streams a tenant may see, and reading the stored feed log from a
 cursor (budgeted like any replay).
 
+Streams are in controller/gateway/streaming.py, identifying a request's tenant in
+controller/gateway/identity.py; what the parts share (the shell's
+interface, refusals) in controller/gateway/shell.py.
+
 Peers: the shell names ZeroMQ connections ``b"z" + routing id`` and the gateway's
 ``b"h" + a number``, so no client can pick a routing id that is another's peer.
 """
-
-# Over 400 lines because the routes share one middleware, one way of identifying a tenant
-# and one way of refusing; connections, bodies, sessions and cursors are modules of their
-# own (connections.py, bodies.py, sessions.py, events.py).
 
 from __future__ import annotations
 
@@ -28,20 +28,21 @@ import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from controller.feed import stream_of, streams_of
+from controller import views
 from controller.gateway import events
 from controller.gateway.bodies import MAX_BODY, BodyError, decode_json
 from controller.gateway.connections import ConnectionGuard, GuardedSite
-from controller.gateway.events import STATUS, Cursor, CursorError
+from controller.gateway.events import STATUS
+from controller.gateway.identity import TenantIdentity
 from controller.gateway.sessions import Sessions
-from controller.gateway.tokens import TokenBook, token_id
-from controller.outputs import BadFrame, Delivery, Output, SendToTenant, TenantPeer
+from controller.gateway.shell import PEER, GatewayStats, Refused, Shell
+from controller.gateway.streaming import FeedStreams, Stream
+from controller.outputs import BadFrame, Delivery, SendToTenant, TenantPeer
 from harmonaize import spec
 from harmonaize.config import split_address
 from harmonaize.logs import one_line
@@ -54,82 +55,17 @@ from harmonaize.messages import (
     Subscribed,
     ValidationAnswer,
 )
-from harmonaize.schema import SchemaError, from_plain, strict_keys, to_plain
+from harmonaize.schema import SchemaError, from_plain, strict_keys
 
 if TYPE_CHECKING:
     from controller.config import GatewaySection
-    from controller.core import ControllerCore
-    from controller.store import Store
 
 log = logging.getLogger("harmonaize.controller.gateway")
 
-PEER = b"h"
-COOKIE = "hz_session"
-#: Stored messages read per query on a resume.
-CHUNK = 500
-#: The wire's Topic (harmonaize/messages.py), as the query's topic= may carry it.
-_TOPIC = re.compile(r"[A-Za-z0-9._:@+/-]{0,256}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+/=-]{1,128}")
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}
 
 
-class Shell(Protocol):
-    """What the gateway needs of the controller's shell."""
-
-    core: ControllerCore
-    store: Store
-    anonymous: bool  # auth.mode = "none": no identity needed, pool topics only
-    #: Where tokens are kept (the controller's database, or a cluster's bus).
-    tokens: TokenBook
-
-    def execute(self, outputs: list[Output]) -> None: ...
-
-    async def ask(self, tenant: str, request: Envelope) -> Reply | None:
-        """A request the core of another replica answers (a cluster's leader); None:
-        this replica's own core answers it."""
-
-    async def query(self, name: str, args: dict[str, Any]) -> Any:
-        """A view of state this replica does not hold (a cluster's leader's); None: it
-        holds it."""
-
-
-class Refused(Exception):
-    def __init__(self, code: ErrorCode, message: str, *, status: int | None = None,
-                 **extra: Any) -> None:
-        super().__init__(message)
-        self.code, self.message, self.extra = code, message, extra
-        #: The HTTP status, where it is not the code's own (events.STATUS).
-        self.status = status
-
-
-@dataclass
-class Stream:
-    peer: bytes
-    tenant: str
-    prefixes: tuple[str, ...]
-    queue: asyncio.Queue[SendToTenant]
-    #: The token it was opened with (its id), if any: revoking the token ends it.
-    token: str | None = None
-    #: The browser session it was opened with, if any: ending the session ends it.
-    session: str | None = None
-    #: Why it is ending: "behind" (its queue overflowed: what is queued goes first),
-    #: "revoked", "logged out" or "closing" (at once).
-    ending: str | None = None
-
-
-@dataclass
-class GatewayStats:
-    streams: int = 0
-    events: int = 0
-    requests: int = 0
-    refused: int = 0
-    overflowed: int = 0
-    body_timeouts: int = 0
-    by_code: dict[str, int] = field(default_factory=dict)
-
-
-class Gateway:
+class Gateway(TenantIdentity, FeedStreams):
     def __init__(self, cfg: GatewaySection, shell: Shell, *, hwm: int) -> None:
         self.cfg = cfg
         self.shell = shell
@@ -321,48 +257,6 @@ class Gateway:
                                             "X-Request-Id",
             "Access-Control-Max-Age": "600"})
 
-    def _identify(self, request: web.Request, *, session: bool = False) -> str:
-        """The tenant a request comes from: a bearer token, a client certificate, or (for
-        reading the feed) a browser session; "" where anonymous readers are allowed."""
-        header = request.headers.get("Authorization")
-        if header is not None:
-            scheme, _, token = header.partition(" ")
-            tenant = self.tokens.tenant_of(token.strip(), time.time()) \
-                if scheme.lower() == "bearer" else None
-            if tenant is None:
-                raise Refused(ErrorCode.NOT_AUTHENTICATED, "the token is not valid (unknown, "
-                              "expired or revoked)")
-            request["token"] = token_id(token.strip())
-            return tenant
-        tenant = _certificate_tenant(request)
-        if tenant is not None:
-            return tenant
-        if session and COOKIE in request.cookies:
-            sid = request.cookies[COOKIE]
-            now = time.time()
-            held = self.sessions.get(sid, now)
-            tenant = self.tokens.tenant_of(held.token, now) if held is not None else None
-            if held is None or tenant != held.tenant:
-                if held is not None:
-                    self.sessions.end(sid)  # its token was revoked or expired
-                raise Refused(ErrorCode.NOT_AUTHENTICATED, "the session is not valid (it "
-                              "ended or expired, or its token did): start a new one")
-            request["token"] = token_id(held.token)
-            request["session"] = sid
-            return tenant
-        if self.shell.anonymous:
-            return ""
-        raise Refused(ErrorCode.NOT_AUTHENTICATED, "no credentials: send Authorization: "
-                      "Bearer <token>, or a client certificate")
-
-    def _admitted(self, request: web.Request, *, session: bool = False) -> str:
-        """The request's tenant, once the request spent its request budget: before its
-        body or query is read, so an invalid request costs what a valid one does."""
-        tenant = self._identify(request, session=session)
-        if not self.shell.core.feed.admit(tenant, time.monotonic()):
-            raise Refused(ErrorCode.THROTTLED, "over your request budget: retry in a second")
-        return tenant
-
     # --- requests ----------------------------------------------------------------------
 
     async def _json(self, request: web.Request) -> Any:
@@ -447,186 +341,13 @@ class Gateway:
         remote = await self.shell.query("tenant-notices", {"tenant": tenant})
         if remote is not None:
             return web.json_response({"notices": remote, "request_id": request["request_id"]})
-        return web.json_response({"notices": tenant_notices(self.shell.core, tenant),
+        return web.json_response({"notices": views.tenant_notices(self.shell.core, tenant),
                                   "request_id": request["request_id"]})
-
-    async def _session(self, request: web.Request) -> web.Response:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        tenant = self.tokens.tenant_of(token.strip(), time.time()) \
-            if scheme.lower() == "bearer" else None
-        if tenant is None:
-            raise Refused(ErrorCode.NOT_AUTHENTICATED, "a session starts from a valid token "
-                          "(Authorization: Bearer <token>)")
-        sid = self.sessions.start(tenant, token.strip(), time.time())
-        if sid is None:
-            raise Refused(ErrorCode.UNAVAILABLE, "too many sessions open: retry later")
-        response = web.json_response({"ok": True, "tenant": tenant,
-                                      "expires_in": self.cfg.session_lifetime,
-                                      "request_id": request["request_id"]})
-        # The cookie reads the feed only: requests that change anything need the token
-        # itself (no CSRF), and the cookie is a session's id, never a token.
-        response.set_cookie(COOKIE, sid, httponly=True, samesite="Strict", path="/v1",
-                            secure=bool(self.cfg.tls_cert),
-                            max_age=int(self.cfg.session_lifetime))
-        return response
-
-    async def _end_session(self, request: web.Request) -> web.Response:
-        """Forget the session (its streams end too) and clear the cookie."""
-        sid = request.cookies.get(COOKIE)
-        ended = self.sessions.end(sid) is not None if sid else False
-        if ended:
-            for stream in [s for s in self.streams.values() if s.session == sid]:
-                self._end(stream, "logged out")
-        response = web.json_response({"ok": True, "ended": ended,
-                                      "request_id": request["request_id"]})
-        response.del_cookie(COOKIE, path="/v1", secure=bool(self.cfg.tls_cert),
-                            httponly=True, samesite="Strict")
-        return response
 
     async def _spec_json(self, request: web.Request) -> web.Response:
         if self._spec is None:
             self._spec = json.dumps(spec.document()).encode()
         return web.Response(body=self._spec, content_type="application/json")
-
-    # --- the feed ----------------------------------------------------------------------
-
-    async def _feed(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._admitted(request, session=True)
-        topics = tuple(dict.fromkeys(request.query.getall("topic", ["pool/"])))
-        if not 1 <= len(topics) <= 64 or not all(_TOPIC.fullmatch(t) for t in topics):
-            raise Refused(ErrorCode.INVALID, "topic: 1 to 64 topic prefixes of letters, "
-                          "digits and ._:@+/-")
-        given = request.headers.get("Last-Event-ID") or request.query.get("since")
-        try:
-            cursor = Cursor.parse(given) if given else None
-        except CursorError as exc:
-            raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {exc}") from None
-        feed = self.shell.core.feed
-        present = Cursor(feed.epoch, *feed.heads(tenant))
-        if cursor is not None and cursor.epoch == present.epoch and not feed.follower and (
-                cursor.pool > present.pool or cursor.job > present.job):
-            # Never given by this feed (a replica behind another waits to catch up).
-            raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {cursor} is beyond the "
-                          f"present ({present}): resume from a cursor the feed gave, or "
-                          "without one")
-        mine = sum(1 for s in self.streams.values() if s.tenant == tenant)
-        if len(self.streams) >= self.cfg.max_streams or mine >= self.cfg.streams_per_tenant:
-            raise Refused(ErrorCode.TOO_MANY_SUBSCRIPTIONS, "too many streams open "
-                          f"({self.cfg.streams_per_tenant} per tenant)")
-        peer = PEER + f"s{next(self._numbers)}".encode()
-        core = self.shell.core
-        reply = core.attach(TenantPeer(peer, tenant, True), topics, time.monotonic())
-        if reply is None:
-            raise Refused(ErrorCode.THROTTLED, "over your request budget: retry in a second")
-        if not reply.accepted:
-            core.detach(peer)
-            first = reply.refused[0]
-            raise Refused(ErrorCode(first.code), first.reason,
-                          refused=[to_plain(r) for r in reply.refused])
-        stream = Stream(peer, tenant, reply.accepted, asyncio.Queue(self.hwm),
-                        request.get("token"), request.get("session"))
-        self.streams[peer] = stream
-        self.stats.streams += 1
-        response = web.StreamResponse(headers={**SSE_HEADERS,
-                                               "X-Request-Id": request["request_id"]})
-        try:
-            await response.prepare(request)
-            await self._write(response, events.event(
-                # A random id: a count of the gateway's would tell a tenant how many
-                # requests others made.
-                "subscribed", to_plain(reply), self.cfg.source, event_id=uuid.uuid4().hex,
-                time=time.time()), None)
-            epoch = core.feed.epoch
-            if cursor is not None and cursor.epoch == epoch:
-                cursor = await self._resume(response, stream, cursor)
-            elif cursor is not None:  # a cursor of another epoch: everything retained
-                cursor = await self._resume(response, stream, Cursor(epoch))
-            else:
-                cursor = await self._present(response, stream)
-            await self._live(response, stream, cursor)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            core.detach(peer)
-            self.streams.pop(peer, None)
-        return response
-
-    async def _write(self, response: web.StreamResponse, event: bytes,
-                     cursor: Cursor | None) -> None:
-        await response.write(events.sse(event, cursor))
-        self.stats.events += 1
-
-    async def _send(self, response: web.StreamResponse, topic: str, frame: bytes,
-                    cursor: Cursor) -> None:
-        epoch = self.shell.core.feed.epoch
-        await self._write(response, events.cloudevent(frame, topic, self.cfg.source, epoch),
-                          cursor)
-
-    async def _present(self, response: web.StreamResponse, stream: Stream) -> Cursor:
-        """A fresh stream: the newest condition of every topic, then the streams' heads.
-        Each condition's cursor stands before the ones still to come."""
-        feed = self.shell.core.feed
-        names = streams_of(stream.tenant)
-        heads = {name: feed.offsets.get(name, 0) for name in names}
-        items = feed.present(stream.tenant, stream.prefixes)
-        start = []
-        for name in names:
-            offsets = [offset for topic, _, _, offset in items if stream_of(topic) == name]
-            start.append(min(offsets) - 1 if offsets else heads[name])
-        cursor = Cursor(feed.epoch, *start)
-        for topic, _, frame, offset in items:
-            cursor = cursor.moved(stream_of(topic), offset)
-            await self._send(response, topic, frame, cursor)
-        return Cursor(feed.epoch, *(heads[name] for name in names))
-
-    async def _resume(self, response: web.StreamResponse, stream: Stream,
-                      cursor: Cursor) -> Cursor:
-        """What is retained after the cursor, stream by stream, within the replay budget;
-        first, which topics lost messages to pruning since it."""
-        store, core = self.shell.store, self.shell.core
-        lost = [t for s in streams_of(stream.tenant) for t in store.lost_after(s, cursor.at(s))
-                if t.startswith(stream.prefixes)]
-        if lost:
-            await self._write(response, events.event(
-                "gap", {"topics": lost[:1024]}, self.cfg.source,
-                event_id=f"{cursor}:gap", time=time.time()), cursor)
-        for name in streams_of(stream.tenant):
-            while True:
-                allowed = core.replay_allowance(stream.tenant, CHUNK, time.monotonic())
-                if allowed <= 0:
-                    await asyncio.sleep(0.05)  # the budget refills; the client waits
-                    continue
-                rows = store.replay_stream(name, cursor.at(name), allowed)
-                for topic, _, frame, offset in rows:
-                    cursor = cursor.moved(name, offset)
-                    if topic.startswith(stream.prefixes):
-                        await self._send(response, topic, frame, cursor)
-                if len(rows) < allowed:
-                    break
-        return cursor
-
-    async def _live(self, response: web.StreamResponse, stream: Stream,
-                    cursor: Cursor) -> None:
-        while True:
-            try:
-                send = await asyncio.wait_for(stream.queue.get(), self.cfg.keepalive)
-            except TimeoutError:
-                await response.write(b": keep-alive\n\n")
-                continue
-            if stream.ending in ("revoked", "closing", "logged out"):
-                log.info("ended a stream of tenant %r: %s", stream.tenant, stream.ending)
-                return
-            if send.offset > 0:
-                name = stream_of(send.topic)
-                if send.offset > cursor.at(name):
-                    cursor = cursor.moved(name, send.offset)
-                    await self._send(response, send.topic, send.frame, cursor)
-            if stream.ending == "behind" and stream.queue.empty():
-                self.stats.overflowed += 1
-                log.warning("closed a stream of tenant %r that fell %d messages behind; it "
-                            "resumes from its cursor", stream.tenant, self.hwm)
-                return
 
 
 def _reason(exc: Exception) -> str:
@@ -634,30 +355,3 @@ def _reason(exc: Exception) -> str:
     text = exc.message if isinstance(exc, HttpProcessingError) else one_line(exc)
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return (lines[0] if lines else type(exc).__name__)[:120]
-
-
-def _certificate_tenant(request: web.Request) -> str | None:
-    """The tenant a verified client certificate names (its subject's common name)."""
-    transport = request.transport
-    cert = transport.get_extra_info("peercert") if transport is not None else None
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName" and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}",
-                                                    value):
-                return value
-    return None
-
-
-def tenant_notices(core: ControllerCore, tenant: str) -> list[dict[str, Any]]:
-    """A tenant's validation notices as ``GET /v1/notices`` lists them."""
-    out = []
-    for notice in core.notices.of_tenant(tenant):
-        declared = core.declarations.get(notice.job)
-        max_defer = declared[1].max_validation_defer if declared else 0.0
-        out.append({"id": notice.id, "job": notice.job, "status": notice.status.value,
-                    "not_before": notice.not_before, "pause_seconds": notice.pause,
-                    "approved": notice.approved, "deferred_seconds": notice.deferred,
-                    "defer_seconds": core.notices.defer_left(notice.id, max_defer)})
-    return out

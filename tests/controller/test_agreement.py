@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.agreement import Agreement, AgreementSettings
+from controller.agreement import Agreement
+from controller.agreementstate import AgreementSettings
 from harmonaize.messages import (
     AckPhase,
     CommReport,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.agreement import Agreement, AgreementSettings
+from controller.agreement import Agreement
+from controller.agreementstate import AgreementSettings
 from harmonaize.messages import AckPhase, TuningStatus
 from tests.controller.test_agreement import (
     COMM,

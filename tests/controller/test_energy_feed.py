@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.redaction import Mode, RedactionConfig, Redactor
+from controller.redaction import Redactor
+from controller.redactionconfig import Mode, RedactionConfig
 from controller.types import HostState, Member, Placement
 from harmonaize.messages import Bucket, JobEnergy, JobHealth
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from controller.redaction import NOTICE_HORIZON, Redactor
+from controller.jobredaction import NOTICE_HORIZON
+from controller.redaction import Redactor
 from controller.types import Member, Placement
 from harmonaize import messages as m
 from harmonaize.messages import Advice, JobAdvisory, Urgency, ValidationNotice

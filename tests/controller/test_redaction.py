@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.redaction import Mode, RedactionConfig, Redactor, bucket
+from controller.redaction import Redactor
+from controller.redactionconfig import Mode, RedactionConfig, bucket
 from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
     Advice,

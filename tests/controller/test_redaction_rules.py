@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from controller.redaction import Mode, RedactionConfig, Redactor, bucket
+from controller.redaction import Redactor
+from controller.redactionconfig import Mode, RedactionConfig, bucket
 from controller.types import HostState, Member, Placement, Publication
 from harmonaize.messages import (
     Advice,

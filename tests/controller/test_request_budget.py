@@ -37,7 +37,7 @@ def frame(kind: str, number: int) -> bytes:
 
 
 def decoded(data: bytes) -> Envelope | BadFrame:
-    """What the shell hands the core (controller/server.py's _decoded)."""
+    """What the shell hands the core (controller/sockets.py's decoded)."""
     try:
         return decode(data, allowed=TENANT_KINDS, strict=True)
     except WireError as exc:

@@ -24,7 +24,8 @@ from controller.privacy import (
     release_epsilon,
     seeded_sampler,
 )
-from controller.redaction import Mode, RedactionConfig, Redactor
+from controller.redaction import Redactor
+from controller.redactionconfig import Mode, RedactionConfig
 from controller.types import HostState
 from harmonaize import messages as m
 from harmonaize.messages import GpuCounts, PoolCapacity

@@ -13,7 +13,8 @@ import pytest
 import zmq
 
 from controller.config import GatewaySection
-from controller.gateway.http import Gateway, Stream
+from controller.gateway.http import Gateway
+from controller.gateway.streaming import Stream
 from controller.gateway.tokens import Tokens
 from controller.outputs import Delivery, SendToTenant
 from controller.store import Store

@@ -1,0 +1,87 @@
+"""What a pool's capacity may say: coarse buckets (``redacted``), exact (``full``) or a
+differentially private estimate (``private``, the product; controller/privacy.py), and
+its trend. Pure functions; controller/redaction.py schedules what they build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controller.privacy import Plan, Sampler, margin
+from controller.redactionconfig import Mode, RedactionConfig, bucket, exact, pool_topic
+from controller.types import HostState
+from harmonaize.messages import Bucket, PoolCapacity, Trend
+
+#: A pool's true counts for a private release: pool, class, free GPUs, hosts up, down.
+Truth = tuple[str, str, int, int, int]
+
+
+def shaped_capacities(cfg: RedactionConfig,
+                      hosts: Sequence[HostState]) -> list[tuple[str, PoolCapacity]]:
+    """Redacted and full modes: each pool of at least ``min_hosts`` hosts (any pool in
+    full mode), its counts in buckets (exact in full mode), by topic."""
+    pools: dict[tuple[str, str], list[HostState]] = {}
+    for host in hosts:
+        pools.setdefault((host.pool, host.gpu_class), []).append(host)
+    full = cfg.mode is Mode.FULL
+    out = []
+    for (pool, gpu_class), members in sorted(pools.items()):
+        if not full and len(members) < cfg.min_hosts:
+            continue  # too few hosts to hide any one of them
+        up = sum(1 for h in members if h.available)
+        gpus = sum(h.gpus.available for h in members if h.available)
+        shape = exact if full else None
+        hosts_up = shape(up) if shape else bucket(up, cfg.host_buckets)
+        hosts_down = shape(len(members) - up) if shape else bucket(
+            len(members) - up, cfg.host_buckets)
+        available = shape(gpus) if shape else bucket(gpus, cfg.gpu_buckets)
+        out.append((pool_topic(pool, gpu_class), PoolCapacity(
+            pool, gpu_class, hosts_up, hosts_down, available, Trend.STEADY, 0)))
+    return out
+
+
+def trend(latest: object, body: PoolCapacity, before: Trend) -> Trend:
+    """The direction of the last move of (free GPUs, hosts up) as published (lower
+    edges); unchanged counts keep the trend they had."""
+    if isinstance(latest, PoolCapacity):
+        was = (latest.gpus_available.lo, latest.hosts_up.lo)
+        now = (body.gpus_available.lo, body.hosts_up.lo)
+        if now != was:
+            return Trend.RISING if now > was else Trend.FALLING
+    return before
+
+
+def true_counts(cfg: RedactionConfig, hosts: Sequence[HostState]) -> dict[str, Truth]:
+    """Each pool's true counts from the latest hosts, a host's GPUs clamped to
+    ``host_gpus`` (the sensitivity the noise is scaled for)."""
+    cap = cfg.host_gpus
+    acc: dict[tuple[str, str], list[int]] = {}
+    for h in hosts:
+        c = acc.setdefault((h.pool, h.gpu_class), [0, 0, 0])
+        c[2] += 1
+        if h.available:
+            c[0] += min(h.gpus.available, cap)
+            c[1] += 1
+    return {pool_topic(pool, gpu_class): (pool, gpu_class, g, up, n - up)
+            for (pool, gpu_class), (g, up, n) in acc.items()
+            if n >= cfg.min_hosts}
+
+
+def private_capacity(truth: Truth, plan: Plan, sample: Sampler) -> PoolCapacity:
+    """One noisy release of a pool's counts."""
+    pool, gpu_class, gpus, up, down = truth
+    noisy_gpus = sample(gpus, plan.gpu_scale)
+    if plan.host_scale is None:
+        hosts_up = hosts_down = Bucket(0, None)
+    else:
+        hosts_up = around(sample(up, plan.host_scale), plan.host_scale)
+        hosts_down = around(sample(down, plan.host_scale), plan.host_scale)
+    # The range around the noisy value that holds the true count with 90%
+    # probability: a tenant reading the lower edge is as cautious as with buckets.
+    available = around(noisy_gpus, plan.gpu_scale)
+    return PoolCapacity(pool, gpu_class, hosts_up, hosts_down, available, Trend.STEADY, 0)
+
+
+def around(noisy: int, scale: float) -> Bucket:
+    m = margin(scale)
+    return Bucket(max(0, noisy - m), max(0, noisy + m))
