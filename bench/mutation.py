@@ -78,7 +78,7 @@ def score(module: str, tests: list[str], show: bool) -> tuple[int, int]:
                 f'source_paths = ["{package}/"]\n'
                 f'only_mutate = ["{module}"]\n'
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                f"also_copy = {json.dumps([f'{p}/' for p in others] + ['native/', 'bench/'])}\n")
+                f"also_copy = {json.dumps([f'{p}/' for p in others] + ['native/', 'bench/', 'docs/'])}\n")
         run = subprocess.run([str(MUTMUT), "run"], cwd=work, capture_output=True, text=True,
                              check=False)
         subprocess.run([str(MUTMUT), "export-cicd-stats"], cwd=work, capture_output=True,
