@@ -17,9 +17,7 @@ Node names are the caller's; by default they carry a random prefix, because Slur
 names its cgroups after the node (``/slurm_<node>/...`` in v1,
 ``system.slice/<node>_slurmstepd.scope`` in v2) and two clusters on one machine with
 the same node names would share them.
-
-Over 400 lines because the cluster's start, clients and teardown share one object's
-state (ports, processes, directory); the cgroup layouts are apart, in :mod:`.cgroups`.
+``slurm.conf``'s text is in :mod:`.slurmconf`.
 """
 
 from __future__ import annotations
