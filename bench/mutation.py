@@ -32,7 +32,10 @@ MODULES = {
     # The wire vocabulary, split by family: the modules with code (the others, declarations
     # of types alone, give mutmut nothing to change).
     **{f"harmonaize/messages/{name}.py": ["tests/test_wire.py", "tests/test_wire_rules.py"]
-       for name in ("core", "values", "host", "tuning", "codec")},
+       for name in ("core", "values", "tuning", "codec")},
+    "harmonaize/messages/host.py": ["tests/test_wire.py", "tests/test_wire_rules.py",
+                                    "tests/test_wire_host_counts.py"],
+    "harmonaize/tenant/sequencer.py": ["tests/test_tenant_sequencer.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     "agent/tuning/loop.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"],
     "agent/energy/engine.py": ["tests/test_energy_loop.py"],
@@ -72,13 +75,15 @@ def score(module: str, tests: list[str], show: bool) -> tuple[int, int]:
         scratch_copy(work)
         package = module.split("/", maxsplit=1)[0]
         others = sorted({m.split("/")[0] for m in MODULES} | {"sim"} - {package})
+        # docs/: the tests' wire audit checks what they send against the published spec.
+        copied = [f"{p}/" for p in others] + ["native/", "bench/", "docs/"]
         with (work / "pyproject.toml").open("a") as out:
             out.write(
                 "\n[tool.mutmut]\n"
                 f'source_paths = ["{package}/"]\n'
                 f'only_mutate = ["{module}"]\n'
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                f"also_copy = {json.dumps([f'{p}/' for p in others] + ['native/', 'bench/', 'docs/'])}\n")
+                f"also_copy = {json.dumps(copied)}\n")
         run = subprocess.run([str(MUTMUT), "run"], cwd=work, capture_output=True, text=True,
                              check=False)
         subprocess.run([str(MUTMUT), "export-cicd-stats"], cwd=work, capture_output=True,

@@ -1,0 +1,117 @@
+"""The tenant client's delivery rules apart from its socket (harmonaize/tenant/sequencer.py):
+each topic in order, once; a gap held, asked for again and skipped (and counted) when it
+makes no progress; a condition delivered when its content changes. Time is passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harmonaize.messages import (
+    Advice,
+    Bucket,
+    JobAdvisory,
+    PoolCapacity,
+    Position,
+    Trend,
+    Urgency,
+)
+from harmonaize.tenant.sequencer import GAP_RETRY, FeedMessage, FeedStats, Sequencer
+
+pytestmark = [pytest.mark.tenant, pytest.mark.architecture]
+
+TOPIC = "job/acme/j1/"
+
+
+class Asks:
+    """What the sequencer asked the controller for: (now, {topic: after seq})."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[float, dict[str, int]]] = []
+
+    def __call__(self, now: float, since: Mapping[str, int]) -> None:
+        self.made.append((now, dict(since)))
+
+
+def advisory(seq: int, topic: str = TOPIC) -> FeedMessage:
+    body = JobAdvisory("j1", Advice.CHECKPOINT_NOW, "gpu-failure", Urgency.HIGH, (str(seq),))
+    return FeedMessage(topic, seq, 0.0, body)
+
+
+def capacity(seq: int, hosts: int) -> FeedMessage:
+    body = PoolCapacity("p", "h100", Bucket(hosts, hosts), Bucket(0, 0), Bucket(0, 0),
+                        Trend.STEADY, revision=hosts)
+    return FeedMessage("pool/p/h100", seq, 0.0, body)
+
+
+def sequencer(resume: Mapping[str, int] | None = None, gap_timeout: float = 2.0
+              ) -> tuple[Sequencer, Asks]:
+    asks = Asks()
+    return Sequencer(FeedStats(), asks, resume=resume, skip_repeated_conditions=True,
+                     gap_timeout=gap_timeout), asks
+
+
+def delivered(seq: Sequencer) -> list[int]:
+    out = [m.seq for m in seq.ready]
+    seq.ready.clear()
+    return out
+
+
+def test_a_gap_is_held_asked_for_and_filled_in_order() -> None:
+    seq, asks = sequencer(resume={TOPIC: 1})
+    seq.arrived(advisory(2), 10.0)
+    seq.arrived(advisory(4), 10.1)  # 3 is missing
+    assert delivered(seq) == [2]
+    assert asks.made == [(10.1, {TOPIC: 2})]
+    seq.housekeeping(10.1 + GAP_RETRY)  # still missing: asked again
+    assert asks.made[-1] == (10.1 + GAP_RETRY, {TOPIC: 2})
+    seq.arrived(advisory(3), 10.8)
+    assert delivered(seq) == [3, 4]
+    assert (seq.stats.recovered, seq.stats.gaps) == (1, 0)
+    assert seq.positions == {TOPIC: 4}
+
+
+def test_a_gap_without_progress_is_skipped_and_counted_after_the_timeout() -> None:
+    seq, _ = sequencer(resume={TOPIC: 1}, gap_timeout=2.0)
+    seq.arrived(advisory(5), 0.0)
+    seq.housekeeping(1.9)
+    assert delivered(seq) == [] and seq.stats.gaps == 0
+    seq.housekeeping(2.0)
+    assert delivered(seq) == [5]
+    assert seq.stats.gaps == 1 and seq.positions == {TOPIC: 5}
+    assert seq.wakes(2.0) == []  # nothing open any more
+
+
+def test_a_condition_is_delivered_when_its_content_changes_and_duplicates_are_counted() -> None:
+    seq, _ = sequencer()
+    seq.arrived(capacity(1, 3), 0.0)
+    seq.arrived(capacity(2, 3), 0.0)  # the same content again
+    seq.arrived(capacity(3, 4), 0.0)
+    assert delivered(seq) == [1, 3]
+    assert seq.stats.repeated_conditions == 1
+    seq.arrived(advisory(1), 0.0)
+    seq.arrived(advisory(1), 0.0)  # an event sent twice
+    assert delivered(seq) == [1] and seq.stats.duplicates == 1
+
+
+def test_what_was_lost_for_good_is_counted_and_the_topic_goes_on_from_what_is_retained() -> None:
+    seq, _ = sequencer(resume={TOPIC: 2})
+    seq.lost_before([Position(TOPIC, 10)], 0.0)
+    assert seq.stats.gaps == 1 and seq.positions == {TOPIC: 9}
+    seq.learn([Position("job/acme/j2/", 7)])  # new to us: the present, not the past
+    assert seq.positions["job/acme/j2/"] == 7
+    seq.reset()  # the feed begun anew: every topic from the start
+    assert set(seq.positions.values()) == {0} and seq.stats.resets == 1
+
+
+@given(st.permutations(list(range(1, 13))), st.lists(st.integers(1, 12), max_size=6))
+def test_any_arrival_order_with_repeats_delivers_each_message_once_in_order(
+        order: list[int], repeats: list[int]) -> None:
+    seq, _ = sequencer(resume={TOPIC: 0})
+    for n, number in enumerate([*order, *repeats]):
+        seq.arrived(advisory(number), n * 0.01)  # all within the gap timeout
+    assert delivered(seq) == list(range(1, 13))
+    assert seq.stats.gaps == 0 and seq.positions == {TOPIC: 12}
