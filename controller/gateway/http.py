@@ -67,7 +67,7 @@ PEER = b"h"
 COOKIE = "hz_session"
 #: Stored messages read per query on a resume.
 CHUNK = 500
-#: The wire's Topic (harmonaize/messages.py), as the query's topic= may carry it.
+#: The wire's Topic (harmonaize/messages/feed.py), as the query's topic= may carry it.
 _TOPIC = re.compile(r"[A-Za-z0-9._:@+/-]{0,256}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+/=-]{1,128}")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
