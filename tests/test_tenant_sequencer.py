@@ -115,3 +115,78 @@ def test_any_arrival_order_with_repeats_delivers_each_message_once_in_order(
         seq.arrived(advisory(number), n * 0.01)  # all within the gap timeout
     assert delivered(seq) == list(range(1, 13))
     assert seq.stats.gaps == 0 and seq.positions == {TOPIC: 12}
+
+
+def test_a_topic_new_to_the_client_starts_at_its_first_message() -> None:
+    seq, asks = sequencer()
+    seq.arrived(advisory(5), 0.0)
+    assert delivered(seq) == [5] and asks.made == []
+    assert seq.positions == {TOPIC: 5}
+
+
+def test_progress_behind_a_gap_starts_its_clock_again() -> None:
+    seq, asks = sequencer(resume={TOPIC: 1}, gap_timeout=2.0)
+    seq.arrived(advisory(3), 0.0)
+    seq.arrived(advisory(5), 0.0)  # two holes: 2 and 4
+    assert seq.wakes(0.0) == [GAP_RETRY]  # asked again before the timeout
+    seq.arrived(advisory(2), 1.5)  # progress: 2 and 3 go out, 4 still missing
+    assert delivered(seq) == [2, 3]
+    assert seq.wakes(1.5) == [GAP_RETRY - 1.5]  # last asked at 0.0: overdue
+    seq.housekeeping(3.0)  # 1.5 s since the progress: asked again, not yet skipped
+    assert delivered(seq) == [] and seq.stats.gaps == 0
+    assert asks.made[-1] == (3.0, {TOPIC: 3})
+    seq.housekeeping(3.5)  # 2 s without progress: 4 is skipped, 5 delivered
+    assert delivered(seq) == [5] and seq.stats.gaps == 1 and seq.stats.recovered == 0
+    assert asks.made[0] == (0.0, {TOPIC: 1})
+
+
+def test_a_skipped_gap_delivers_up_to_the_next_hole_only() -> None:
+    seq, _ = sequencer(resume={TOPIC: 1}, gap_timeout=1.0)
+    seq.arrived(advisory(4), 0.0)
+    seq.arrived(advisory(6), 0.0)
+    seq.housekeeping(1.0)  # skip 2-3: 4 goes out; 5 is another hole, its clock from now
+    assert delivered(seq) == [4] and seq.positions == {TOPIC: 4}
+    assert seq.topics[TOPIC].gap_since is None  # skipped: a new hole is found on arrival
+    seq.arrived(advisory(5), 1.2)
+    assert delivered(seq) == [5, 6] and seq.stats.recovered == 0
+
+
+def test_what_is_already_known_is_neither_relearnt_nor_counted_lost() -> None:
+    seq, _ = sequencer(resume={TOPIC: 9})
+    seq.learn([Position(TOPIC, 3)])
+    assert seq.positions == {TOPIC: 9}
+    seq.lost_before([Position(TOPIC, 10), Position("job/acme/other/", 50)], 0.0)
+    assert seq.stats.gaps == 0 and seq.positions == {TOPIC: 9}
+    seq.lost_before([Position(TOPIC, 11)], 0.0)  # 10 is gone
+    assert seq.stats.gaps == 1 and seq.positions == {TOPIC: 10}
+
+
+def test_a_loss_releases_what_was_held_behind_it() -> None:
+    seq, _ = sequencer(resume={TOPIC: 1})
+    seq.arrived(advisory(6), 0.0)
+    seq.arrived(advisory(7), 0.0)
+    seq.lost_before([Position(TOPIC, 6)], 0.5)  # 2-5 no longer retained
+    assert delivered(seq) == [6, 7] and seq.wakes(0.5) == []
+
+
+def test_after_a_reset_the_feed_is_taken_again_from_its_first_message() -> None:
+    seq, _ = sequencer(resume={TOPIC: 40})
+    seq.arrived(advisory(43), 0.0)  # held behind a gap
+    seq.reset()
+    assert seq.topics[TOPIC].held == {} and seq.wakes(0.0) == []
+    seq.arrived(advisory(1), 0.1)
+    assert delivered(seq) == [1]
+
+
+def test_a_late_joiner_gets_the_present_condition_once_and_repeats_on_request() -> None:
+    seq, _ = sequencer()
+    seq.learn([Position("pool/p/h100", 5)])  # subscribed now: the present, not the past
+    seq.arrived(capacity(3, 2), 0.0)  # the condition in force, never had: delivered
+    seq.arrived(capacity(3, 2), 0.0)  # the same again: skipped
+    assert delivered(seq) == [3] and seq.stats.repeated_conditions == 1
+    keep, _ = sequencer(resume={"pool/p/h100": 5})
+    keep.skip_repeated_conditions = False
+    keep.arrived(capacity(6, 2), 0.0)
+    keep.arrived(capacity(6, 2), 0.0)  # a republication, asked to be kept
+    keep.arrived(capacity(7, 2), 0.0)
+    assert delivered(keep) == [6, 6, 7] and keep.stats.repeated_conditions == 0
