@@ -31,7 +31,8 @@ MODULES = {
     "controller/agreement.py": ["tests/test_tuning_agreement.py", "tests/test_agreement_rules.py"],
     # The wire vocabulary, split by family: the modules with code mutmut changes (the others
     # declare types alone; host.py's code is properties, which mutmut leaves alone).
-    **{f"harmonaize/messages/{name}.py": ["tests/test_wire.py", "tests/test_wire_rules.py"]
+    **{f"harmonaize/messages/{name}.py": ["tests/test_wire.py", "tests/test_wire_rules.py",
+                                          "tests/test_wire_codec.py"]
        for name in ("core", "values", "tuning", "codec")},
     "harmonaize/tenant/sequencer.py": ["tests/test_tenant_sequencer.py"],
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
