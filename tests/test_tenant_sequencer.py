@@ -190,3 +190,42 @@ def test_a_late_joiner_gets_the_present_condition_once_and_repeats_on_request() 
     keep.arrived(capacity(6, 2), 0.0)  # a republication, asked to be kept
     keep.arrived(capacity(7, 2), 0.0)
     assert delivered(keep) == [6, 6, 7] and keep.stats.repeated_conditions == 0
+
+
+def test_every_topic_with_a_gap_is_looked_after_and_each_loss_counted() -> None:
+    calm, held, late = "job/acme/a/", "job/acme/b/", "job/acme/c/"
+    seq, asks = sequencer(resume={calm: 1, held: 1, late: 1}, gap_timeout=2.0)
+    seq.arrived(advisory(2, calm), 0.0)  # in order: no gap on the first topic
+    seq.arrived(advisory(4, held), 10.0)
+    seq.arrived(advisory(4, late), 10.0)
+    seq.housekeeping(10.1)  # asked at 10.0: not yet again
+    assert len(asks.made) == 2
+    seq.housekeeping(10.0 + GAP_RETRY)
+    assert [since for _, since in asks.made[2:]] == [{held: 1}, {late: 1}]
+    assert seq.wakes(10.0 + GAP_RETRY) == [GAP_RETRY, GAP_RETRY]
+    seq.arrived(advisory(6, held), 11.5)  # no progress: the gap's clock runs on
+    seq.housekeeping(12.0)
+    assert seq.stats.gaps == 2 and seq.positions == {calm: 2, held: 4, late: 4}
+
+
+def test_counters_count_every_occurrence() -> None:
+    seq, _ = sequencer(resume={TOPIC: 1, "pool/p/h100": 5})
+    for _ in range(2):
+        seq.arrived(advisory(1), 0.0)  # duplicates
+        seq.arrived(capacity(5, 2), 0.0)  # had before the restart: repeats
+    assert (seq.stats.duplicates, seq.stats.repeated_conditions) == (2, 2)
+    assert delivered(seq) == []
+    seq.arrived(capacity(6, 2), 0.0)
+    seq.arrived(capacity(7, 2), 0.0)  # the same content, newly numbered: skipped
+    seq.arrived(capacity(8, 2), 0.0)
+    assert delivered(seq) == [6] and seq.stats.repeated_conditions == 4
+    for n in (3, 5):  # two gaps, each filled
+        seq.arrived(advisory(n), 0.0)
+        seq.arrived(advisory(n - 1), 0.1)
+    assert seq.stats.recovered == 2 and seq.wakes(0.1) == []
+    seq.lost_before([Position(TOPIC, 9)], 0.2)
+    seq.lost_before([Position(TOPIC, 12)], 0.3)
+    assert seq.stats.gaps == 2 and seq.stats.recovered == 2
+    seq.reset()
+    seq.reset()
+    assert seq.stats.resets == 2
