@@ -62,7 +62,13 @@ MODULES = {
     **{f"controller/{name}.py": AGREEMENT_TESTS
        for name in ("agreement", "agreementrules", "agreementstate")},
     "controller/agreementphases.py": ["tests/controller/test_agreement_phases.py"],
-    "harmonaize/messages.py": ["tests/wire/test_codec.py", "tests/wire/test_codec_rules.py"],
+    # The wire vocabulary, split by family: the modules with code mutmut changes (the others
+    # declare types alone; host.py's code is properties, which mutmut leaves alone).
+    **{f"harmonaize/messages/{name}.py": ["tests/wire/test_codec.py",
+                                          "tests/wire/test_codec_rules.py",
+                                          "tests/wire/test_codec_frames.py"]
+       for name in ("core", "values", "tuning", "codec")},
+    "harmonaize/tenant/sequencer.py": ["tests/tenant/test_sequencer.py"],
     "agent/conditions.py": ["tests/agent/test_step.py", "tests/agent/test_conditions.py"],
     # The tuning loop, split along its seams: each part scored by the loop's tests.
     **{f"agent/tuning/{part}.py": TUNING_LOOP_TESTS
@@ -90,7 +96,7 @@ MODULES = {
 BUILT = ["native/build"]
 #: What mutmut copies beside the mutated package: the plugin, the benches, and docs/ (the
 #: suite's wire audit checks what daemons send against docs/feed.asyncapi.yaml).
-ALSO_COPIED = ["native/", "bench/", "docs/"]
+ALSO_COPIED = ["native/", "bench/", "docs/", "testbed/"]
 
 
 def scratch_copy(into: Path) -> None:
@@ -114,13 +120,16 @@ def score(module: str, tests: list[str], show: bool) -> tuple[int, int]:
         scratch_copy(work)
         package = module.split("/", maxsplit=1)[0]
         others = sorted({m.split("/")[0] for m in MODULES} | {"sim"} - {package})
+        # docs/: the tests' wire audit checks what they send against the published spec;
+        # testbed/: the tests' conftest imports the harness.
+        copied = [f"{p}/" for p in others] + ALSO_COPIED
         with (work / "pyproject.toml").open("a") as out:
             out.write(
                 "\n[tool.mutmut]\n"
                 f'source_paths = ["{package}/"]\n'
                 f'only_mutate = ["{module}"]\n'
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
-                f"also_copy = {json.dumps([f'{p}/' for p in others] + ALSO_COPIED)}\n")
+                f"also_copy = {json.dumps(copied)}\n")
         run = subprocess.run([str(MUTMUT), "run"], cwd=work, capture_output=True, text=True,
                              check=False)
         subprocess.run([str(MUTMUT), "export-cicd-stats"], cwd=work, capture_output=True,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from harmonaize import messages
+from harmonaize.messages import codec
 
 ENV = "HARMONAIZE_WIRE_AUDIT"
 
@@ -21,7 +21,7 @@ def install(directory: str | None = None) -> bool:
     """Audit into ``directory`` (default: the environment's); whether auditing is on."""
     directory = directory or os.environ.get(ENV) or None
     if directory is None:
-        messages.audit_hook = None
+        codec.audit_hook = None
         return False
     path = os.path.join(directory, f"{os.getpid()}.jsonl")
 
@@ -33,5 +33,5 @@ def install(directory: str | None = None) -> bool:
         except (OSError, TypeError, ValueError):
             pass  # auditing must never break serving
 
-    messages.audit_hook = write
+    codec.audit_hook = write
     return True

@@ -20,9 +20,6 @@ opportunistic: when jobs wait, the provider reclaims them (the job restarts at i
 requested size from its last checkpoint).
 """
 
-# Over 400 lines because the discrete-event simulator's scheduler, jobs and failure handling
-# share one event queue and clock; split, every part would reach into the queue.
-
 from __future__ import annotations
 
 import heapq
@@ -32,21 +29,32 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from controller.types import Publication
-from harmonaize.messages import JobAdvisory, JobHealth, PoolCapacity
-from sim.cluster import Cluster, CongestionSpec, FaultSpec, allocation
-from sim.feed import DEGRADED, DOWN, UP, FeedBridge, member_name
-from sim.jobs import DONE, QUEUED, REJECTED, RUNNING, Job, advance, finish_time
-from sim.model import HIGH, LOW, NO_CONGESTION, RING, SimConfig, comm_factor, speed
-from sim.policies import JobView, TenantPolicy
+from sim.actions import TenantActions
+from sim.cluster import Cluster, CongestionSpec, FaultSpec
+from sim.events import (
+    CAUSES,
+    CONG_END,
+    CONG_START,
+    FAULT_END,
+    FAULT_START,
+    FINISH,
+    FLUSH,
+    PRECURSOR,
+    RELEASE,
+    SAMPLE,
+)
+from sim.feed import UP, FeedBridge
+from sim.hazards import Hazards
+from sim.jobs import RUNNING, Job, advance, finish_time
+from sim.model import NO_CONGESTION, SimConfig, comm_factor, speed
+from sim.observing import Observing
+from sim.placement import Placement
+from sim.policies import TenantPolicy
 from sim.regimes import Regime
+from sim.scheduling import Scheduling
 from sim.traces import JobSpec
 
-# Event kinds (heap entries are (time, seq, kind, arg, version)).
-FINISH, FAULT_START, FAULT_END, PRECURSOR, CONG_START, CONG_END, FLUSH, RELEASE, SAMPLE = (
-    range(9))
-# Causes of pauses and rollbacks, for the GPU-hour breakdown.
-CAUSES = ("fault", "preempt", "advisory-ckpt", "rescale", "replace")
+
 @dataclass
 class Records:
     """What the leakage attack needs: ground truth and the attacker's feed."""
@@ -83,7 +91,10 @@ class RunResult:
     epsilon_day_max: float = 0.0
 
 
-class Simulation:
+class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing):
+    """The event loop and the simulation's state; each model step is a part of its own
+    (sim/placement.py, scheduling.py, actions.py, hazards.py, observing.py)."""
+
     def __init__(self, cfg: SimConfig, cluster: Cluster, jobs: Sequence[JobSpec],
                  regime: Regime, *, faults: Sequence[FaultSpec] = (),
                  congestion: Sequence[CongestionSpec] = (),
@@ -173,8 +184,6 @@ class Simulation:
                                [[] for _ in pools], [], self.horizon)
         self.unresolved = len(self.jobs)
 
-    # --- set-up ------------------------------------------------------------------------
-
     def _push(self, t: float, kind: int, arg: int = 0, version: int = 0) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, arg, version))
 
@@ -194,8 +203,6 @@ class Simulation:
             self.feed.prime(self.state, self.free, self.cong)
             for p in self.cluster.pools:
                 self._mark(p.index)
-
-    # --- main loop ---------------------------------------------------------------------
 
     def run(self) -> RunResult:
         self._initial_events()
@@ -252,8 +259,6 @@ class Simulation:
             {p.tenant: vars(p.stats).copy() for p in self.policies},
             max((r.ledger.peak for r in self.feed.redactors), default=0.0))
 
-    # --- accounting ----------------------------------------------------------------------
-
     def _tick(self, now: float) -> None:
         last = self.last_tick
         if now <= last:
@@ -266,8 +271,6 @@ class Simulation:
             self.acc_alloc_h += self.alloc_now * dh
             self.acc_cap_h += self.cap_now * dh
         self.last_tick = now
-
-    # --- job progress ------------------------------------------------------------------
 
     def _advance(self, j: Job, t: float) -> None:
         advance(j, t, self.I, self.T)
@@ -289,422 +292,3 @@ class Simulation:
         self._advance(j, self.now)
         j.rate = self._rate(j)
         self._schedule_finish(j)
-
-    # --- placement -----------------------------------------------------------------------
-
-    def _find(self, pool: int, g: int) -> tuple[list[int], int] | None:
-        gpn = self.gpn
-        sets = self.free_sets[pool]
-        if g <= gpn:
-            for k in range(g, gpn + 1):
-                s = sets[k]
-                if s:
-                    return [next(iter(s))], g
-            return None
-        m = -(-g // gpn)
-        whole = sets[gpn]
-        if len(whole) < m:
-            return None
-        return list(itertools.islice(whole, m)), gpn
-
-    def _take(self, j: Job, nodes: list[int], per: int) -> None:
-        self._tick(self.now)
-        pool = j.pool
-        sets = self.free_sets[pool]
-        feed = self.feed.active
-        for n in nodes:
-            before = self.free[n]
-            if before < per:
-                raise AssertionError(f"node {n} over-committed: {per} > {before} free")
-            self.free[n] = before - per
-            if self.state[n] == UP:
-                sets[before].discard(n)
-                sets[before - per].add(n)
-                self.pool_free[pool] -= per
-            self.node_jobs[n][j.index] = j
-            if feed:
-                self.feed.node_changed(n, False)
-        j.nodes, j.per = nodes, per
-        j.alloc = per * len(nodes)
-        self.alloc_now += j.alloc
-        self.held_by[pool][j.tenant_idx] += j.alloc
-        j.alloc_since = self.now
-        if feed:
-            self._mark(pool)
-
-    def _give(self, j: Job) -> None:
-        self._tick(self.now)
-        pool = j.pool
-        sets = self.free_sets[pool]
-        feed = self.feed.active
-        per = j.per
-        for n in j.nodes:
-            before = self.free[n]
-            self.free[n] = before + per
-            if self.state[n] == UP:
-                sets[before].discard(n)
-                sets[before + per].add(n)
-                self.pool_free[pool] += per
-            del self.node_jobs[n][j.index]
-            if feed:
-                self.feed.node_changed(n, False)
-        self.alloc_now -= j.alloc
-        self.held_by[pool][j.tenant_idx] -= j.alloc
-        held = self.now - j.alloc_since
-        j.alloc_gpu_s += j.alloc * held
-        if j.watts:  # energy runs (sim/energy.py): full power until the loop settles
-            j.energy += j.alloc * j.watts * (min(held, j.conv) + max(0.0, held - j.conv) * j.pw)
-        j.nodes, j.per, j.alloc = [], 0, 0
-        if feed:
-            self._mark(pool)
-
-    def _start(self, j: Job, spot: tuple[list[int], int], pause: float, cause: str) -> None:
-        """Put ``j`` on ``spot`` and let it run after ``pause`` seconds (charged to ``cause``)."""
-        now = self.now
-        nodes, per = spot
-        self._take(j, nodes, per)
-        j.state = RUNNING
-        j.t0 = now
-        j.pause_until = now + pause
-        j.phase = 0.0
-        j.pending_save = -1.0
-        if j.first_start < 0:
-            j.first_start = now
-        j.degraded = sum(1 for n in nodes if self.state[n] == DEGRADED)
-        j.rate = self._rate(j)
-        self._schedule_finish(j)
-        if pause > 0 and cause:
-            self.pauses[cause] += j.alloc * pause
-        if j.g > j.n:
-            self.grown[j.pool][j.index] = j
-        else:
-            self.grown[j.pool].pop(j.index, None)
-        if self.feed.active:
-            # The redactor's first health message for a placement says "all clear" unless a
-            # host is congested or unhealthy; the tenant only acts on it if it set another
-            # algorithm before. Skipping it otherwise changes nothing (see sim.feed).
-            watch = j.algo != RING or any(self.cong[n] or self.state[n] != UP for n in nodes)
-            self.feed.place(j.pool, j.name, j.tenant, nodes, watch)
-        self.policies[j.tenant_idx].started(j)
-
-    def _stop(self, j: Job) -> None:
-        """Take ``j`` off its hosts (it finishes, or waits to restart)."""
-        self._give(j)
-        self.grown[j.pool].pop(j.index, None)
-        if self.feed.active:
-            self.feed.remove(j.pool, j.name)
-        self.policies[j.tenant_idx].stopped(j)
-
-    # --- scheduling ----------------------------------------------------------------------
-
-    def _arrive(self, j: Job) -> None:
-        pool = self.cluster.pools[j.pool]
-        if allocation(j.n, self.gpn) > pool.nodes * self.gpn:
-            j.state = REJECTED  # it can never fit this pool
-            self.counters["rejected"] += 1
-            self.unresolved -= 1
-            return
-        j.g = self.policies[j.tenant_idx].submit_size(j)
-        j.state = QUEUED
-        self.queue[j.pool].append(j)
-        self._schedule(j.pool)
-
-    def _schedule(self, pool: int) -> None:
-        queue = self.queue[pool]
-        while queue:
-            if self.pool_free[pool] > 0:
-                keep: list[Job] = []
-                started = False
-                depth = self.cfg.backfill_depth
-                for i, j in enumerate(queue):
-                    if i >= depth or self.pool_free[pool] == 0:
-                        keep.extend(queue[i:])
-                        break
-                    spot = self._find(pool, j.g)
-                    if spot is None:
-                        keep.append(j)
-                        continue
-                    pause, cause = (self.cfg.restart_cost, j.restart) if j.restart else (0.0, "")
-                    j.restart = ""
-                    self._start(j, spot, pause, cause)
-                    started = True
-                if started:
-                    self.queue[pool] = queue = keep
-            grown = self.grown[pool]
-            if not queue or not grown:
-                return
-            # Jobs wait: reclaim the newest opportunistic GPUs, then look again.
-            victim = grown[next(reversed(grown))]
-            self.counters["reclaims"] += 1
-            self._resize(victim, victim.n, forced=True)
-
-    def _requeue_front(self, j: Job, cause: str) -> None:
-        j.state = QUEUED
-        j.restart = cause
-        j.g = min(j.g, j.n)  # the opportunistic part is gone with the allocation
-        self.queue[j.pool].insert(0, j)
-
-    def _finish(self, j: Job) -> None:
-        self._advance(j, self.now)
-        j.P = j.work
-        j.state = DONE
-        j.finish = self.now
-        self._stop(j)
-        self.unresolved -= 1
-        self._schedule(j.pool)
-
-    def _kill(self, j: Job, cause: str) -> None:
-        """The job's host failed (or its GPUs were reclaimed): back to its last checkpoint."""
-        self._advance(j, self.now)
-        lost = j.P - j.S
-        self.rollback[cause] += lost * j.n
-        j.P = j.S
-        j.pending_save = -1.0
-        j.kills += 1
-        self._stop(j)
-        self._requeue_front(j, cause)
-
-    # --- what tenants may ask (sim.policies.Actions) ----------------------------------------
-
-    def resize(self, job: JobView, gpus: int, now: float) -> bool:
-        j = self.by_name[job.name]
-        if j.state != RUNNING or gpus == j.g or not j.lo_g <= gpus <= j.hi_g:
-            return False
-        if gpus > j.g and self.queue[j.pool]:
-            return False  # waiting jobs come first
-        return self._resize(j, gpus, forced=False)
-
-    def _resize(self, j: Job, gpus: int, forced: bool) -> bool:
-        """Restart ``j`` on ``gpus`` GPUs; forced: a reclaim (the caller reschedules the pool)."""
-        nodes, per, old = j.nodes, j.per, j.g
-        self._advance(j, self.now)
-        self._give(j)
-        spot = self._find(j.pool, gpus)
-        if spot is None:
-            if gpus > j.g:  # no room to grow: put it back as it was
-                self._take(j, nodes, per)
-                return False
-            # Shrinking onto hosts it cannot stay on (drained): start over from the queue.
-            self._kill_released(j, "preempt" if forced else "rescale")
-            if not forced:
-                self._schedule(j.pool)
-            return True
-        if forced:
-            self.rollback["preempt"] += (j.P - j.S) * j.n
-            j.P = j.S
-            pause, cause = self.cfg.restart_cost, "preempt"
-        else:
-            j.S = j.P  # a graceful resize checkpoints first
-            pause, cause = self.cfg.ckpt_cost + self.cfg.rescale_cost, "rescale"
-        self.policies[j.tenant_idx].stopped(j)
-        if self.feed.active:
-            self.feed.remove(j.pool, j.name)
-        j.g = gpus
-        j.last_resize = self.now
-        self._start(j, spot, pause, cause)
-        if gpus < old and not forced:
-            self._schedule(j.pool)
-        return True
-
-    def _kill_released(self, j: Job, cause: str) -> None:
-        if cause == "preempt":
-            self.rollback[cause] += (j.P - j.S) * j.n
-            j.P = j.S
-        else:
-            j.S = j.P
-        self.grown[j.pool].pop(j.index, None)
-        if self.feed.active:
-            self.feed.remove(j.pool, j.name)
-        self.policies[j.tenant_idx].stopped(j)
-        self._requeue_front(j, cause)
-
-    def checkpoint(self, job: JobView, now: float) -> bool:
-        j = self.by_name[job.name]
-        if j.state != RUNNING:
-            return False
-        self._advance(j, self.now)
-        if j.pause_until > self.now or j.phase >= self.I:
-            return False  # already restarting or checkpointing
-        j.pending_save = j.P
-        j.pause_until = self.now + self.cfg.ckpt_cost
-        j.phase = 0.0
-        self.pauses["advisory-ckpt"] += j.alloc * self.cfg.ckpt_cost
-        self._schedule_finish(j)
-        return True
-
-    def replace(self, job: JobView, now: float) -> bool:
-        j = self.by_name[job.name]
-        if j.state != RUNNING or not j.degraded:
-            return False
-        nodes, per = j.nodes, j.per
-        self._advance(j, self.now)
-        self._give(j)
-        spot = self._find(j.pool, j.g)
-        if spot is None:
-            self._take(j, nodes, per)
-            return False
-        j.S = j.P
-        self.policies[j.tenant_idx].stopped(j)
-        if self.feed.active:
-            self.feed.remove(j.pool, j.name)
-        self._start(j, spot, self.cfg.ckpt_cost + self.cfg.restart_cost, "replace")
-        return True
-
-    def set_algorithm(self, job: JobView, algorithm: int, now: float) -> None:
-        j = self.by_name[job.name]
-        if j.state != RUNNING or j.algo == algorithm:
-            return
-        j.algo = algorithm
-        if len(j.nodes) > 1:  # only collectives across hosts feel the network
-            self.counters["algorithm_switches"] += 1
-            self._rerate(j)
-
-    # --- faults and congestion -------------------------------------------------------------
-
-    def _node_state(self, n: int) -> int:
-        return DOWN if self.hard[n] else DEGRADED if self.soft[n] else UP
-
-    def _fault(self, index: int, delta: int) -> None:
-        f = self.faults[index]
-        n = f.node
-        if delta > 0:
-            self.counters["faults"] += 1
-            self._push(f.end, FAULT_END, index)
-        if f.soft:
-            self.soft[n] += delta
-        else:
-            self.hard[n] += delta
-        before, after = self.state[n], self._node_state(n)
-        if before == after:
-            return
-        pool = self.node_pool[n]
-        if before == UP:
-            self.free_sets[pool][self.free[n]].discard(n)
-            self.pool_free[pool] -= self.free[n]
-            self.records.failures[pool].append(self.now)
-        self.state[n] = after
-        if after == DOWN:
-            self._tick(self.now)
-            self.cap_now -= self.gpn
-            for j in list(self.node_jobs[n].values()):
-                self.counters["fault_kills"] += 1
-                self._kill(j, "fault")
-        elif before == DOWN:
-            self._tick(self.now)
-            self.cap_now += self.gpn
-        if after == UP:
-            self.free_sets[pool][self.free[n]].add(n)
-            self.pool_free[pool] += self.free[n]
-        if (after == DEGRADED) != (before == DEGRADED):
-            step = 1 if after == DEGRADED else -1
-            for j in list(self.node_jobs[n].values()):
-                j.degraded += step
-                self._rerate(j)
-        if self.feed.active:
-            self.feed.node_changed(n, True, (j.name for j in self.node_jobs[n].values()))
-            self._mark(pool)
-        self._schedule(pool)
-
-    def _precursor(self, index: int) -> None:
-        f = self.faults[index]
-        self.counters["precursors"] += 1
-        if not self.feed.active or self.state[f.node] == DOWN:
-            return
-        pool = self.node_pool[f.node]
-        for j in list(self.node_jobs[f.node].values()):
-            ranks = tuple(member_name(i) for i, n in enumerate(j.nodes) if n == f.node)
-            self.feed.advisory(pool, j.name, f.node, ranks, self.now)
-            self.counters["advisories_sent"] += 1
-        self._deliver(self.feed.release(pool, self.now))
-        self._plan_release(pool)
-
-    def _congestion(self, index: int, starting: bool) -> None:
-        episode = self.episodes[index]
-        step = 1 if starting else -1
-        if starting:
-            self._push(episode.end, CONG_END, index)
-        touched: dict[int, Job] = {}
-        for n in episode.nodes:
-            active = self.cong_active[n]
-            active[episode.level] += step
-            level = HIGH if active[HIGH] else LOW if active[LOW] else NO_CONGESTION
-            if level == self.cong[n]:
-                continue
-            self.cong[n] = level
-            touched.update(self.node_jobs[n])
-            if self.feed.active:
-                self.feed.node_changed(n, True, (j.name for j in self.node_jobs[n].values()))
-                self._mark(self.node_pool[n])
-        for j in touched.values():
-            if len(j.nodes) > 1:
-                self._rerate(j)
-
-    # --- the feed ------------------------------------------------------------------------
-
-    def _mark(self, pool: int) -> None:
-        if not self.flush_pending[pool]:
-            self.flush_pending[pool] = True
-            self._push(self.now + self.cfg.observe_batch_s, FLUSH, pool)
-
-    def _flush(self, pool: int) -> None:
-        self.flush_pending[pool] = False
-        pubs = self.feed.flush(pool, self.now, self.state, self.free, self.cong)
-        self._deliver(pubs)
-        self._plan_release(pool)
-
-    def _release(self, pool: int) -> None:
-        self.release_at[pool] = None
-        self._deliver(self.feed.release(pool, self.now))
-        self._plan_release(pool)
-
-    def _plan_release(self, pool: int) -> None:
-        due = self.feed.next_due(pool)
-        if due is None:
-            return
-        planned = self.release_at[pool]
-        if planned is None or due < planned:
-            self.release_at[pool] = due
-            self._push(max(due, self.now), RELEASE, pool)
-
-    def _deliver(self, pubs: list[Publication]) -> None:
-        now = self.now
-        for pub in pubs:
-            body = pub.body
-            if pub.tenant is None:
-                self.counters["publications_pool"] += 1
-                if isinstance(body, PoolCapacity):
-                    self._log_attacker(body)
-                    for policy in self.policies:
-                        policy.on_pool(body, now)
-                continue
-            self.counters["publications_job"] += 1
-            owner = self.by_name.get(getattr(body, "job", ""))
-            if owner is None or owner.tenant != pub.tenant:
-                raise AssertionError(f"{pub.topic} addressed to {pub.tenant}, not the job's owner")
-            policy = self.policy_of[pub.tenant]
-            if isinstance(body, JobHealth):
-                policy.on_job_health(body, now)
-            elif isinstance(body, JobAdvisory):
-                policy.on_advisory(body, now)
-
-    # --- measurement ---------------------------------------------------------------------
-
-    def _log_attacker(self, cap: PoolCapacity) -> None:
-        self.records.feed.append((self.now, self.pool_index[cap.pool], cap.hosts_up.lo,
-                                  cap.hosts_up.hi, cap.hosts_down.lo, cap.hosts_down.hi,
-                                  cap.gpus_available.lo, cap.gpus_available.hi))
-
-    def _sample(self) -> None:
-        me = self.cfg.attacker
-        views = self.attacker.views
-        for p in self.cluster.pools:
-            held = self.held_by[p.index]
-            own = held[me]
-            view = views.get((p.name, p.gpu_class))
-            feature = None if view is None else (view.hosts_up, view.hosts_up_hi,
-                                                 view.available, view.available_hi)
-            self.records.samples.append((self.now, p.index, sum(held) - own, own, feature))
-        nxt = self.now + self.cfg.sample_s
-        if nxt <= self.horizon:
-            self._push(nxt, SAMPLE)
-

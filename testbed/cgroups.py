@@ -31,7 +31,11 @@ host is enough; Slurm logs "Controller cpuset is not enabled!" and goes on.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -136,3 +140,36 @@ def host_layout(want: str | None = None) -> CgroupLayout | str:
     except OSError as exc:
         return f"cannot read this process's mounts or cgroups: {exc}"
     return choose(mountinfo, self_cgroup, want)
+
+
+def kill_tasks(trees: Callable[[], Iterable[Path]]) -> None:
+    """SIGKILL whatever runs in the cgroups ``trees()`` names (asked again each round:
+    Slurm may make a directory meanwhile), until none is left or 2 s have passed."""
+    for top in trees():
+        # cgroup v2 (Linux 5.14+) kills a whole tree at once, frozen tasks too.
+        with contextlib.suppress(OSError):
+            (top / "cgroup.kill").write_text("1")
+    for _attempt in range(20):
+        pids: set[int] = set()
+        for top in trees():
+            for procs in top.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(line) for line in procs.read_text().split())
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def remove_trees(trees: Iterable[Path]) -> None:
+    """Remove empty cgroup trees; what still holds a task stays."""
+    for top in trees:
+        # Deepest first: a cgroup directory is removed with rmdir once it has none below.
+        for path in sorted((p for p in top.rglob("*") if p.is_dir()),
+                           key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()

@@ -17,9 +17,7 @@ Node names are the caller's; by default they carry a random prefix, because Slur
 names its cgroups after the node (``/slurm_<node>/...`` in v1,
 ``system.slice/<node>_slurmstepd.scope`` in v2) and two clusters on one machine with
 the same node names would share them.
-
-Over 400 lines because the cluster's start, clients and teardown share one object's
-state (ports, processes, directory); the cgroup layouts are apart, in :mod:`.cgroups`.
+``slurm.conf``'s text is in :mod:`.slurmconf`.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,10 +40,12 @@ from testbed.cgroups import (
     CGROUP_ROOT,  # noqa: F401 (callers read it here)
     CgroupLayout,
     host_layout,
+    kill_tasks,
+    remove_trees,
 )
 from testbed.cluster import Timeout, wait_until
+from testbed.slurmconf import SLURM_USER, slurm_conf
 
-SLURM_USER = "slurm"
 MUNGE_USER = "munge"
 
 
@@ -313,46 +312,11 @@ class SlurmCluster:
         _chown(state, SLURM_USER)
         (self.dir / "spool").mkdir(exist_ok=True)
         (self.dir / "run").mkdir(exist_ok=True)
-        d = self.dir
-        lines = [
-            "ClusterName=hz",
-            f"SlurmctldHost={self.hostname}(127.0.0.1)",
-            f"SlurmctldPort={self.ctld_port}",
-            f"SlurmUser={SLURM_USER}",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            "CredType=cred/munge",
-            f"StateSaveLocation={state}",
-            f"SlurmdSpoolDir={d}/spool/%n",
-            f"SlurmctldPidFile={d}/run/slurmctld.pid",
-            f"SlurmdPidFile={d}/run/slurmd-%n.pid",
-            f"SlurmctldLogFile={d}/log/slurmctld.log",
-            f"SlurmdLogFile={d}/log/slurmd-%n.log",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            "ProctrackType=proctrack/cgroup",
-            "TaskPlugin=task/none",
-            "SchedulerType=sched/builtin",
-            "SelectType=select/cons_tres",
-            "ReturnToService=2",
-            "MpiDefault=none",
-            "JobCompType=jobcomp/none",
-            "AccountingStorageType=accounting_storage/none",
-            "MailProg=/bin/true",
-            "InactiveLimit=0",
-            "KillWait=2",
-            "MinJobAge=300",
-            "SlurmdTimeout=30",
-        ]
-        for node in self.nodes:
-            lines.append(f"NodeName={node} NodeHostname={self.hostname} NodeAddr=127.0.0.1 "
-                         f"Port={self.node_ports[node]} CPUs={self.cpus} State=UNKNOWN "
-                         f"{self.node_extra}".rstrip())
-        lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} "
-                     "Default=YES State=UP MaxTime=INFINITE")
-        lines.extend(self.extra_conf)
-        self.conf.write_text("\n".join(lines) + "\n")
+        self.conf.write_text(slurm_conf(
+            hostname=self.hostname, ctld_port=self.ctld_port, munge_socket=self.munge_socket,
+            directory=self.dir, nodes={node: self.node_ports[node] for node in self.nodes},
+            cpus=self.cpus, node_extra=self.node_extra, partition=self.partition,
+            extra=self.extra_conf))
         (self.dir / "cgroup.conf").write_text(self.cgroups.conf())
         if self.cgroups.version == "v2" and not self.cgroups.slice.is_dir():
             # Slurm 22.05 makes only its scope below the slice systemd would have made.
@@ -398,32 +362,10 @@ class SlurmCluster:
 
     def _kill_job_steps(self) -> None:
         """SIGKILL whatever still runs in our nodes' cgroups (slurmstepd and its tasks)."""
-        for top in self._our_cgroups():
-            # cgroup v2 (Linux 5.14+) kills a whole tree at once, frozen tasks too.
-            with contextlib.suppress(OSError):
-                (top / "cgroup.kill").write_text("1")
-        for _attempt in range(20):
-            pids: set[int] = set()
-            for top in self._our_cgroups():
-                for procs in top.rglob("cgroup.procs"):
-                    with contextlib.suppress(OSError, ValueError):
-                        pids.update(int(line) for line in procs.read_text().split())
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        kill_tasks(self._our_cgroups)
 
     def _remove_cgroups(self) -> None:
-        for top in list(self._our_cgroups()):
-            # Deepest first: a cgroup directory is removed with rmdir once it has none below.
-            for path in sorted((p for p in top.rglob("*") if p.is_dir()),
-                               key=lambda p: len(p.parts), reverse=True):
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-            with contextlib.suppress(OSError):
-                top.rmdir()
+        remove_trees(list(self._our_cgroups()))
         if self._made_slice:
             # Only when empty: another cluster on this machine may have a scope in it.
             with contextlib.suppress(OSError):

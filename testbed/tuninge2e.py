@@ -15,9 +15,6 @@ waiting at an unconfirmed switch (after the system had time to settle) are
 counted as stuck.
 """
 
-# Over 400 lines because a test harness: real ranks, a real agent and controller, and the
-# faults the divergence campaign injects, kept as one scenario runner.
-
 from __future__ import annotations
 
 import contextlib
@@ -26,99 +23,30 @@ import random
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.plugin.shm import PolicyFile, policy_path, read_policy, read_stats
-from agent.tuning.loop import Entry, build_policy
-from agent.tuning.policies import derive
-from harmonaize.messages import JobDeclaration
-from harmonaize.schema import from_plain
-from testbed.cluster import SMALL_CLUSTER, TestCluster, wait_until
+from agent.plugin.shm import policy_path, read_policy, read_stats
+from testbed.cluster import TestCluster, wait_until
 from testbed.dropper import Dropper
+from testbed.e2eschedule import (
+    AGENT_TUNING,
+    CONTROLLER,
+    GROUP,
+    HOSTS,
+    LINKS,
+    SETTLE,
+    E2EResult,
+    E2ESchedule,
+    Event,
+    random_schedule,  # noqa: F401 (the bench draws its schedules from here)
+)
 from testbed.netns import Lab
 from testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
-
-HOSTS = ("h0", "h1", "h2")
-SPEED = 20  # Mb/s the agents are told their data link carries
-GROUP = 61100  # the jobs' Unix group; ranks run as uids 61101...
-FAULTS = ("agent-kill", "agent-kill-onset", "agent-stop", "agent-recreate", "agent-corrupt",
-          "agent-lost", "controller-kill", "cut", "late-declaration", "rank-stall")
-LINKS = ('[observers.links]\ninclude = ["eth0"]\nmode = "proc"\n'
-         f"speeds = {{ eth0 = {SPEED} }}\n")
-AGENT_TUNING = ("hold = 1.0\nmax_changes_per_minute = 30\nreport_interval = 0.5\n"
-                "activation_margin = 16\nactivation_lead = 0.3\n")
-CONTROLLER = SMALL_CLUSTER + ("[tuning]\nhold = 1.5\nlead = 0.6\nmargin = 16\n"
-                              "arm_timeout = 1.0\nresend = 0.25\nreport_ttl = 5.0\n"
-                              "max_decisions_per_minute = 30\n")
-SETTLE = 10.0
+from testbed.tuningwindows import MeasuredWindows
 
 
-@dataclass(frozen=True)
-class Event:
-    at: float
-    kind: str
-    host: str = ""
-    duration: float = 0.0
-    rank: int = 0
-
-
-@dataclass(frozen=True)
-class E2ESchedule:
-    seed: int
-    hosts: tuple[str, ...]
-    ranks_per_host: int
-    rate: float
-    skew: float
-    duration: float
-    congestion: tuple[tuple[float, float, str, int], ...]  # start, end, host, rate Mb/s
-    faults: tuple[Event, ...]
-
-    def describe(self) -> str:
-        faults = ", ".join(f"{f.kind}@{f.at:.1f}s({f.host},{f.duration:.1f}s)"
-                           for f in self.faults)
-        return (f"e2e seed {self.seed}: {len(self.hosts)} hosts x {self.ranks_per_host} "
-                f"rank(s), {self.rate:.0f}/s, skew {self.skew:.2f}s; {faults}")
-
-
-def random_schedule(seed: int, duration: float = 10.0) -> E2ESchedule:
-    rng = random.Random(seed)
-    hosts = tuple(sorted(rng.sample(HOSTS, rng.choice((2, 2, 3)))))
-    congestion = []
-    t = rng.uniform(0.5, 1.5)
-    while t < duration - 1.5:
-        length = rng.uniform(1.5, 3.5)
-        congestion.append((t, t + length, rng.choice(hosts), rng.choice((13, 19))))
-        t += length + rng.uniform(1.0, 2.5)
-    faults = []
-    for _ in range(rng.choice((1, 1, 2))):
-        kind = rng.choice(FAULTS)
-        at = 0.0 if kind == "late-declaration" else rng.uniform(0.5, duration - 1.5)
-        if kind == "agent-kill-onset" and congestion:
-            start, _, host, _ = rng.choice(congestion)
-            faults.append(Event(start + rng.uniform(0.0, 0.4), kind, host,
-                                rng.uniform(0.5, 3.0)))
-            continue
-        faults.append(Event(at, kind, rng.choice(hosts), rng.uniform(0.3, 3.0),
-                            rng.randrange(2)))
-    return E2ESchedule(seed, hosts, rng.choice((1, 2)), round(10 ** rng.uniform(1.7, 3.0)),
-                       rng.choice((0.0, 0.01, 0.2, 1.0)) * rng.random(), duration,
-                       tuple(congestion), tuple(sorted(faults, key=lambda f: f.at)))
-
-
-@dataclass
-class E2EResult:
-    schedule: E2ESchedule
-    diverged: str = ""
-    stuck: int = 0
-    switches: int = 0
-    collectives: int = 0
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-
-class Campaign:
+class Campaign(MeasuredWindows):
     """The lab and its daemons, shared by every schedule; use as a context manager."""
 
     def __init__(self, workdir: Path) -> None:
@@ -387,131 +315,3 @@ class Campaign:
                 self._start_agent(host)
         if self.cluster.controller is None or self.cluster.controller.poll() is not None:
             self.cluster.start_controller()
-
-
-    # --- the windows that are left: measured ----------------------------------------
-
-    def _job(self, name: str, hosts: tuple[str, ...], rate: float,
-             ranks_per_host: int = 1) -> tuple[int, list[RankProcess]]:
-        """Place, declare and start a job's ranks; returns its communicator and ranks."""
-        assert self.cluster is not None and self.kit is not None
-        comm = random.Random(name).getrandbits(64) | 1
-        path = self._place(name, hosts, ranks_per_host)
-        members = [h for h in hosts for _ in range(ranks_per_host)]
-        result = E2EResult(E2ESchedule(0, hosts, ranks_per_host, rate, 0.0, 0.0, (), ()))
-        self._declare(path, result)
-        ranks = [self.kit.start(job=name, directory=self.cluster.policy_dir(host), comm=comm,
-                                n_ranks=len(members), n_nodes=len(hosts), rate=rate,
-                                uid=GROUP + 1 + i, gid=GROUP, lab=self.lab, host=host)
-                 for i, host in enumerate(members)]
-        for host in hosts:
-            wait_until(lambda host=host: read_stats(self.cluster.policy_dir(host), name,
-                                                    remove_dead=False),
-                       30, f"{name}'s ranks on {host}")
-        time.sleep(1.5)  # the agents report them; the controller knows every rank
-        return comm, ranks
-
-    def detection(self, round_: int) -> tuple[float, float]:
-        """A change written on one host only (a writer that is not the agent): seconds
-        from the first rank's switch to the controller naming the job diverged, and to
-        the tenant's job-health saying so."""
-        assert self.cluster is not None
-        name = f"rogue-{round_}"
-        watcher = self.cluster.tenant_watch(topics=(f"job/acme/{name}/",))
-        comm, ranks = self._job(name, ("h0", "h1"), rate=300.0)
-        try:
-            path = policy_path(self.cluster.policy_dir("h0"), name)
-            policy = read_policy(path)
-            declared = from_plain(JobDeclaration,
-                                  json.loads((self.workdir / f"{name}.json").read_text()))
-            severe = derive(declared).get("severe").rules
-            count = max(s.collectives for s in read_stats(self.cluster.policy_dir("h0"), name,
-                                                          remove_dead=False))
-            at = count + 300  # a second ahead
-            revision = max((e.revision for e in policy.comms), default=0) + 1000
-            with PolicyFile(path) as handle:
-                handle.write(build_policy([Entry(comm, at, "default", "severe", (), severe,
-                                                 revision)], 999))
-            switched = wait_until(lambda: len(ranks[0].outcomes()) >= 2 and time.monotonic(),
-                                  20, "the rogue switch", interval=0.005)
-            controller = wait_until(
-                lambda: self.cluster.admin_request("jobs") and any(
-                    j["job"] == name and j["tuning"].get("health") == "diverged"
-                    for j in self.cluster.admin_request("jobs")) and time.monotonic(),
-                20, "the controller to see the disagreement", interval=0.01)
-            watcher.wait_for(lambda m: m.get("kind") == "job-health"
-                             and m["body"].get("tuning") == "diverged", 20,
-                             "job-health: diverged")
-            tenant = time.monotonic()
-            return controller - switched, tenant - switched
-        finally:
-            stop(ranks)
-            watcher.proc.kill()
-            watcher.proc.wait()
-            with contextlib.suppress(Exception):
-                self.cluster.admin_request("unplace", {"job": name})
-
-    def cut_after_arm(self, round_: int, cut: float) -> tuple[float, str, float]:
-        """The window no protocol closes without the ranks' own help: a host cut off
-        after it armed a change and before it heard the outcome. h0's answers are
-        dropped first (so the controller waits for them), then, once h0 armed, the
-        controller's messages too, for ``cut`` seconds. Returns how long h0's ranks
-        paused (s), whether any two ranks disagreed, and the seconds from the first
-        waiting rank to the tenant's job-health saying ``paused``."""
-        assert self.cluster is not None
-        name = f"cut-{round_}"
-        watcher = self.cluster.tenant_watch(topics=(f"job/acme/{name}/",))
-        _, ranks = self._job(name, ("h0", "h1"), rate=300.0)
-        traffic = None
-        out, into = self._dropper("h0", "egress"), self._dropper("h0", "ingress")
-        try:
-            h0 = policy_path(self.cluster.policy_dir("h0"), name)
-            out.set(1000)
-            traffic = self.lab.popen("h1", [
-                "iperf3", "-c", self.lab.addr("tenant"), "-p", str(5301 + HOSTS.index("h1")),
-                "-u", "-b", "19M", "-t", "8"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-            def armed() -> bool:
-                try:
-                    return any(e.pending for e in read_policy(h0).comms)
-                except (OSError, ValueError):
-                    return False
-
-            wait_until(armed, 20, "h0 to arm the change", interval=0.002)
-            into.set(1000)
-            healed = time.monotonic() + cut
-
-            def waiting() -> float | bool:
-                slots = read_stats(self.cluster.policy_dir("h0"), name, remove_dead=False)
-                return any(s.waiting for s in slots) and time.monotonic()
-
-            first = wait_until(waiting, cut + 10, "a rank to wait", interval=0.005)
-            watcher.wait_for(lambda m: m.get("kind") == "job-health"
-                             and m["body"].get("tuning") == "paused", 20,
-                             "job-health: paused")
-            told = time.monotonic() - first
-            time.sleep(max(0.0, healed - time.monotonic()))
-            out.set(0)
-            into.set(0)
-            wait_until(lambda: not waiting(), 30, "the ranks to resume", interval=0.005)
-            paused = time.monotonic() - first
-            time.sleep(1.0)
-            counts = {}
-            for host in ("h0", "h1"):
-                for slot in read_stats(self.cluster.policy_dir(host), name, remove_dead=False):
-                    counts[slot.pid] = slot.collectives
-        finally:
-            out.set(0)
-            into.set(0)
-            if traffic is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    traffic.kill()
-                traffic.wait()
-            stop(ranks)
-            watcher.proc.kill()
-            watcher.proc.wait()
-            with contextlib.suppress(Exception):
-                self.cluster.admin_request("unplace", {"job": name})
-        totals = [max(issued(r.log) or 0, counts.get(r.proc.pid, 0)) for r in ranks]
-        return paused, disagreement([r.outcomes() for r in ranks], totals), told

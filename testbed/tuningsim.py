@@ -20,22 +20,18 @@ declaration arriving after the ranks started; ranks stalling).
 answered: the schedule *diverged* if any two ranks of a communicator
 answered differently at any index both issued. After the faults it lets the
 system settle and counts ranks still waiting (a liveness failure).
-"""
 
-# Over 400 lines because a test harness: the in-process divergence campaign (hosts, ranks,
-# controller, network and faults) in one deterministic simulation.
+Its parts: the schedules (testbed/tuningschedule.py), the ranks (tuningranks.py), the
+network and the controller (tuningnet.py); the agents and the play are here.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import heapq
-import math
 import random
 import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,220 +42,38 @@ from agent.links.types import LinkRates, LinkSample
 from agent.plugin.shm import policy_path, prepare_dirs
 from agent.tuning.service import TuningService
 from agent.tuning.settings import TuningSection
-from controller.agreement import Agreement
 from controller.agreementstate import AgreementSettings
 from harmonaize.messages import (
-    Algorithm,
-    Collective,
-    JobDeclaration,
     Message,
-    Protocol,
-    TuningAck,
     TuningArm,
-    TuningRange,
-    TuningReport,
     TuningResolve,
 )
-from testbed.plugin import Outcome, Rank
-
-JOB = "campaign"
-CONTROLLER = "controller"
-TICK = 0.01
-AGENT_INTERVAL = 0.1
-CONTROLLER_INTERVAL = 0.05
-LATENCY = 0.001
-#: Seconds without faults at the end, for every change in flight to settle.
-SETTLE = 8.0
-DECLARATION = JobDeclaration(JOB, revision=1, tuning=(TuningRange(
-    (Collective.ALLREDUCE,), (Algorithm.RING, Algorithm.TREE),
-    (Protocol.LL, Protocol.SIMPLE), 0, 1 << 40, 2, 16),))
-UTILIZATION = {0: 0.10, 1: 0.75, 2: 0.97}
-
-FAULT_KINDS = (
-    "agent-kill", "agent-stop", "agent-recreate", "agent-corrupt", "agent-lost",
-    "agent-kill-armed", "controller-kill", "controller-kill-midsend", "delay", "drop",
-    "partition", "late-declaration", "rank-stall",
+from testbed.tuningnet import Controller, Network
+from testbed.tuningranks import RankThread, disagreement
+from testbed.tuningschedule import (
+    AGENT_INTERVAL,
+    CONTROLLER,
+    CONTROLLER_INTERVAL,
+    DECLARATION,
+    FAULT_KINDS,
+    JOB,
+    SETTLE,
+    TICK,
+    UTILIZATION,
+    Fault,
+    Result,
+    Schedule,
+    random_schedule,
 )
 
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    at: float
-    host: int = 0
-    duration: float = 0.0
-    rank: int = 0
-
-
-@dataclass(frozen=True)
-class Schedule:
-    seed: int
-    hosts: int
-    ranks_per_host: int
-    rate: float
-    skew: float
-    duration: float
-    congestion: tuple[tuple[float, float, int, int], ...]  # start, end, host, level
-    faults: tuple[Fault, ...]
-    #: How far ahead switching points are set: at least ``margin`` collectives, and
-    #: ``lead`` seconds of them. Safety may not depend on either (small ones make
-    #: races between arming and ranks passing ``at`` common); only liveness does.
-    margin: int = 32
-    lead: float = 0.5
-    #: Real seconds an agent is descheduled before each policy write.
-    pause: float = 0.0
-
-    def describe(self) -> str:
-        faults = ", ".join(f"{f.kind}@{f.at:.1f}s(h{f.host},{f.duration:.1f}s)"
-                           for f in self.faults)
-        return (f"seed {self.seed}: {self.hosts} host(s) x {self.ranks_per_host} rank(s), "
-                f"{self.rate:.0f}/s, skew {self.skew:.2f}s, margin {self.margin}, lead "
-                f"{self.lead:g}s, pause {self.pause * 1000:g}ms, {self.duration:.0f}s; {faults}")
-
-
-def random_schedule(seed: int, *, max_rate: float = 10_000.0, duration: float = 12.0,
-                    kinds: tuple[str, ...] = FAULT_KINDS) -> Schedule:
-    """A schedule drawn from ``seed``: every fault kind is as likely, timing random."""
-    rng = random.Random(seed)
-    hosts = rng.choice((1, 2, 2, 3))
-    ranks = rng.choice((1, 2, 3))
-    rate = round(10 ** rng.uniform(1.0, math.log10(max_rate)), 1)
-    skew = rng.choice((0.0, 0.001, 0.01, 0.05, 0.2, 0.5, 1.0)) * rng.random()
-    congestion = []
-    t = rng.uniform(0.5, 2.0)
-    while t < duration - 1.0:
-        length = rng.uniform(1.0, 4.0)
-        congestion.append((t, t + length, rng.randrange(hosts), rng.choice((1, 2))))
-        t += length + rng.uniform(0.5, 3.0)
-    faults = []
-    for _ in range(rng.choice((1, 1, 2, 3))):
-        kind = rng.choice(kinds)
-        if kind == "late-declaration":
-            faults.append(Fault(kind, 0.0, rng.randrange(hosts), rng.uniform(0.2, 3.0)))
-            continue
-        faults.append(Fault(kind, rng.uniform(0.5, duration - 1.0), rng.randrange(hosts),
-                            rng.choice((0.2, 0.5, 1.5, 3.0, 6.0)) * rng.uniform(0.5, 1.0),
-                            rng.randrange(ranks)))
-    margin = rng.choice((2, 4, 8, 32, 64))
-    lead = rng.choice((0.0, 0.01, 0.05, 0.2, 0.5, 1.0))
-    pause = rng.choice((0.0, 0.0, 0.0005, 0.002, 0.01))
-    return Schedule(seed, hosts, ranks, rate, skew, duration, tuple(congestion),
-                    tuple(sorted(faults, key=lambda f: f.at)), margin, lead, pause)
-
-
-@dataclass
-class Result:
-    schedule: Schedule
-    diverged: str = ""
-    #: Ranks still waiting at an unconfirmed switch once every fault had healed.
-    stuck: int = 0
-    switches: int = 0
-    #: Rank-seconds (simulated) spent waiting at unconfirmed switches.
-    waiting: float = 0.0
-    cancelled: int = 0
-    collectives: int = 0
-    seconds: float = 0.0
+#: What the campaign's tests and the bench use (schedules are drawn here, beside run()).
+__all__ = ["FAULT_KINDS", "Fault", "Result", "Schedule", "link_judgements", "link_sample",
+           "random_schedule", "run"]
 
 
 class AgentKilled(BaseException):
     """Raised inside an agent to stop it dead at a chosen point (a BaseException, so
     the service's own error handling does not catch it: SIGKILL is not caught either)."""
-
-
-# --- ranks ---------------------------------------------------------------------------
-
-
-class RankThread:
-    """One rank: issues collectives up to a target index the driver raises."""
-
-    def __init__(self, comm: int, n_ranks: int, n_nodes: int, directory: Path,
-                 offset: float) -> None:
-        self.rank = Rank(comm, n_ranks, n_nodes, job=JOB, directory=directory)
-        self.offset = offset
-        self.changes: list[tuple[int, Outcome]] = []
-        self.target = 0
-        self.stalled_until = -1.0
-        self._cond = threading.Condition()
-        self.idle = threading.Event()
-        self._done = False
-        self.in_call = False
-        self.call_started = 0.0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    @property
-    def n(self) -> int:
-        return self.rank.n
-
-    def advance(self, target: int) -> None:
-        with self._cond:
-            if target > self.target:
-                self.target = target
-                self.idle.clear()
-                self._cond.notify()
-
-    def _run(self) -> None:
-        stepper = self.rank.stepper()
-        last: tuple[bytes, int] | None = None
-        rank = self.rank
-        while True:
-            with self._cond:
-                while not self._done and rank.n >= self.target:
-                    self.idle.set()
-                    self._cond.wait()
-                if self._done:
-                    return
-                goal = self.target
-            while rank.n < goal:
-                self.call_started = time.monotonic()
-                self.in_call = True
-                key = stepper.step()
-                self.in_call = False
-                if key != last:
-                    self.changes.append((rank.n - 1, stepper.outcome(key)))
-                    last = key
-                if rank.n % 4 == 0:
-                    # Let the agents' and the controller's code run between collectives,
-                    # so their reads and writes interleave with the ranks' progress.
-                    time.sleep(0)
-
-    def blocked(self, grace: float = 0.02) -> bool:
-        """In a call for longer than any call takes: waiting inside the plugin."""
-        return self.in_call and time.monotonic() - self.call_started > grace
-
-    def stop(self) -> None:
-        with self._cond:
-            self._done = True
-            self._cond.notify()
-
-    def close(self) -> None:
-        self.stop()
-        self.thread.join(timeout=5)
-        if not self.thread.is_alive():
-            self.rank.close()
-
-
-def disagreement(ranks: list[RankThread]) -> str:
-    """The first collective index at which two ranks answered differently."""
-    def answer_at(changes: list[tuple[int, Outcome]], index: int) -> Outcome | None:
-        found = None
-        for start, outcome in changes:
-            if start > index:
-                break
-            found = outcome
-        return found
-
-    for i, a in enumerate(ranks):
-        for b in ranks[i + 1:]:
-            limit = min(a.n, b.n)
-            points = sorted({0, *(s for s, _ in a.changes), *(s for s, _ in b.changes)})
-            for index in points:
-                if index >= limit:
-                    break
-                x, y = answer_at(a.changes, index), answer_at(b.changes, index)
-                if x != y:
-                    return f"collective {index}: one rank ran {x}, another {y}"
-    return ""
 
 
 # --- agents and the controller ---------------------------------------------------------
@@ -304,93 +118,6 @@ class Host:
     #: After a restart, whether the declaration is handled before queued messages.
     declare_first: bool = True
     inbox: list[Message] = field(default_factory=list)
-
-
-class Network:
-    """Messages between agents and the controller, in simulated time."""
-
-    def __init__(self) -> None:
-        self._queue: list[tuple[float, int, str, str, Message]] = []
-        self._count = 0
-        self.now = 0.0
-        #: host -> (until, kind): "delay" holds both directions, "drop" loses the
-        #: controller's messages (agents resend theirs: they are held), "partition" both.
-        self.faults: dict[str, list[tuple[float, float, str]]] = {}
-
-    def _state(self, host: str, now: float) -> tuple[str, float]:
-        for start, until, kind in self.faults.get(host, ()):
-            if start <= now < until:
-                return kind, until
-        return "", now
-
-    def send(self, src: str, dst: str, message: Message, now: float) -> None:
-        host = src if dst == CONTROLLER else dst
-        kind, until = self._state(host, now)
-        deliver = now + LATENCY
-        if kind in ("drop", "partition") and src == CONTROLLER:
-            return  # lost; the controller resends until acknowledged
-        if kind:
-            deliver = until + LATENCY  # held (TCP, or the agent's outbox), then delivered
-        self._count += 1
-        heapq.heappush(self._queue, (deliver, self._count, src, dst, message))
-
-    def due(self, now: float) -> Iterator[tuple[str, str, Message]]:
-        while self._queue and self._queue[0][0] <= now:
-            _, _, src, dst, message = heapq.heappop(self._queue)
-            yield src, dst, message
-
-
-class Controller:
-    def __init__(self, settings: AgreementSettings, hosts: list[str]) -> None:
-        self.settings = settings
-        self.hosts = hosts
-        self.store: dict[str, dict[str, Any]] = {}
-        self.agreement: Agreement | None = None
-        self.down_until = -1.0
-        self.inbox: list[tuple[str, Message]] = []
-        self.kill_midsend = False
-        self.start(0.0)
-
-    def start(self, now: float) -> None:
-        self.agreement = Agreement(self.settings)
-        for job, state in self.store.items():
-            self.agreement.restore(job, state, now)
-        self.agreement.set_hosts(JOB, self.hosts)
-        for host in self.hosts:
-            self.agreement.reconnected(host)
-
-    def step(self, network: Network, now: float) -> None:
-        if self.agreement is None:
-            if now >= self.down_until:
-                self.start(now)
-            else:
-                return
-        assert self.agreement is not None
-        inbox, self.inbox = self.inbox, []
-        for host, message in inbox:
-            if isinstance(message, TuningReport):
-                self.agreement.report(host, message, now)
-            elif isinstance(message, TuningAck):
-                self.agreement.ack(host, message, now)
-        outgoing = self.agreement.step(now)
-        dirty, gone = self.agreement.take_dirty()
-        for job in dirty:
-            snapshot = self.agreement.snapshot(job)
-            if snapshot is not None:
-                self.store[job] = snapshot
-        for job in gone:
-            self.store.pop(job, None)
-        for i, (host, message) in enumerate(outgoing):
-            if self.kill_midsend and i == 1 and isinstance(message, TuningResolve):
-                self.kill_midsend = False
-                self.kill(now, 1.0)
-                return
-            network.send(CONTROLLER, host, message, now)
-
-    def kill(self, now: float, duration: float) -> None:
-        self.agreement = None
-        self.down_until = now + duration
-        self.inbox.clear()  # unprocessed: the agents' outboxes resend them
 
 
 # --- the campaign ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Feed frames as CloudEvents, SSE text and cursors: no I/O.
 
-A stored publication is a msgpack envelope (harmonaize/messages.py); here it becomes
+A stored publication is a msgpack envelope (harmonaize/messages/); here it becomes
 a CloudEvents 1.0 event in the structured JSON format (the ``cloudevents`` SDK writes
 it), framed as one server-sent event whose ``id:`` is the stream's cursor. A cursor
 says where a client is in the two streams it may see (controller/feed.py:stream_of):

@@ -36,7 +36,7 @@ log = logging.getLogger("harmonaize.controller.gateway")
 
 #: Stored messages read per query on a resume.
 CHUNK = 500
-#: The wire's Topic (harmonaize/messages.py), as the query's topic= may carry it.
+#: The wire's Topic (harmonaize/messages/feed.py), as the query's topic= may carry it.
 TOPIC = re.compile(r"[A-Za-z0-9._:@+/-]{0,256}")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}

@@ -22,18 +22,15 @@ a sequence number per topic; the client delivers each topic in order, once:
 * conditions (level state such as pool capacity) are delivered when their
   content changes; repeats are skipped.
 
-Malformed frames are counted in ``stats.rejected`` and skipped, never raised.
+Malformed frames are counted in ``stats.rejected`` and skipped, never raised. The rules
+of delivering each topic in order, once, are in :mod:`harmonaize.tenant.sequencer`; this
+module keeps the connection: subscription and renewal, requests, failover between replicas.
 """
-
-# Over 400 lines because the tenant client is shipped to tenants as one piece; it keeps the
-# subscription, resume and gap repair together.
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -44,7 +41,6 @@ from harmonaize import keys
 from harmonaize.messages import (
     FEED_KINDS,
     MAX_FRAME,
-    Category,
     JobDeclaration,
     Message,
     NoticeAction,
@@ -58,12 +54,10 @@ from harmonaize.messages import (
     decode,
     encode,
 )
+from harmonaize.tenant.sequencer import FeedMessage, FeedStats, Sequencer
 
 #: Renew this often until the controller says how long a subscription lasts.
 DEFAULT_RENEW = 10.0
-#: While a gap is open, ask for the missing messages again this often (a resend
-#: can itself be lost when our queue at the controller is full).
-GAP_RETRY = 0.5
 MAX_POSITIONS = 1024
 
 
@@ -86,48 +80,6 @@ _WATCHED = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_S
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 REFUSED_KEY = ("the controller refused this key (is its public half, NAME.key, filed with "
                "your provider?)")
-
-
-@dataclass(frozen=True)
-class FeedMessage:
-    topic: str
-    seq: int
-    time: float
-    body: Message
-
-    @property
-    def kind(self) -> str:
-        return self.body.KIND
-
-    @property
-    def category(self) -> Category:
-        return self.body.CATEGORY
-
-
-@dataclass
-class FeedStats:
-    received: int = 0
-    rejected: int = 0
-    repeated_conditions: int = 0
-    duplicates: int = 0
-    #: Topics where messages were lost for good (beyond what the controller retains).
-    gaps: int = 0
-    #: Gaps filled from the controller's retention.
-    recovered: int = 0
-    subscriptions: int = 0
-    #: Times the feed's epoch changed under us (positions forgotten, retention replayed).
-    resets: int = 0
-
-
-@dataclass
-class _Topic:
-    last: int = 0                      # highest seq delivered (or skipped to)
-    known: bool = False                # last is meaningful
-    delivered: int = 0                 # highest seq this program (or its last run) has had
-    held: dict[int, FeedMessage] = field(default_factory=dict)  # waiting behind a gap
-    gap_since: float | None = None     # a gap is open since (or made progress at) this time
-    asked_at: float = 0.0              # when the missing messages were last asked for
-    condition: dict[str, Message] = field(default_factory=dict)  # last delivered, by kind
 
 
 def _load_pair(key: keys.KeyPair | str | Path) -> keys.KeyPair:
@@ -166,18 +118,15 @@ class FeedClient:
         self.failover = failover
         self.failovers = 0
         self.topics = tuple(dict.fromkeys(topics))
-        self.skip_repeated_conditions = skip_repeated_conditions
-        self.gap_timeout = gap_timeout
         self.stats = FeedStats()
         #: Who the controller takes us to be, and what it refused (after the first answer).
         self.tenant: str | None = None
         self.refused: tuple[Refusal, ...] = ()
-        self._topics: dict[str, _Topic] = {}
-        for topic, seq in (resume or {}).items():
-            self._topics[topic] = _Topic(last=int(seq), known=True, delivered=int(seq))
+        self._order = Sequencer(self.stats, self._subscribe, resume=resume,
+                                skip_repeated_conditions=skip_repeated_conditions,
+                                gap_timeout=gap_timeout)
         #: The feed epoch the positions belong to (0 until the controller says).
         self.epoch = int(epoch) if resume else 0
-        self._ready: deque[FeedMessage] = deque()
         self._replies: dict[int, Reply] = {}
         self._request_seq = 0
         self._renew = DEFAULT_RENEW
@@ -240,22 +189,31 @@ class FeedClient:
     @property
     def positions(self) -> dict[str, int]:
         """Where this client is, per topic: pass it as ``resume=`` next time."""
-        return {t: s.last for t, s in self._topics.items() if s.known}
+        return self._order.positions
+
+    @property
+    def gap_timeout(self) -> float:
+        """Seconds a gap may stay open without progress before it is skipped."""
+        return self._order.gap_timeout
+
+    @property
+    def skip_repeated_conditions(self) -> bool:
+        return self._order.skip_repeated_conditions
 
     def recv(self, timeout: float | None = None) -> FeedMessage | None:
         """The next message, or None if ``timeout`` seconds pass without one."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ready:
+        while not self._order.ready:
             now = time.monotonic()
             self._move_on(now)
             self._housekeeping(now)
-            if self._ready:
+            if self._order.ready:
                 break
             if deadline is not None and now >= deadline:
                 return None
             wait = self._next_wake(now, deadline)
             self._wait(wait)
-        return self._ready.popleft()
+        return self._order.ready.popleft()
 
     def declare(self, declaration: JobDeclaration, timeout: float = 10.0) -> None:
         """Send a declaration for one of your jobs; raises :class:`RequestError` if refused."""
@@ -372,8 +330,7 @@ class FeedClient:
 
     def _next_wake(self, now: float, deadline: float | None) -> float:
         wakes = [self._next_renew - now]
-        wakes += [min(s.gap_since + self.gap_timeout, s.asked_at + GAP_RETRY) - now
-                  for s in self._topics.values() if s.gap_since is not None]
+        wakes += self._order.wakes(now)
         if deadline is not None:
             wakes.append(deadline - now)
         if len(self.endpoints) > 1:
@@ -384,18 +341,7 @@ class FeedClient:
     def _housekeeping(self, now: float) -> None:
         if now >= self._next_renew:
             self._subscribe(now)
-        for topic, state in self._topics.items():
-            if state.gap_since is None:
-                continue
-            if now - state.gap_since >= self.gap_timeout:
-                # No progress for that long: not retained any more. Skip, and say so.
-                self.stats.gaps += 1
-                state.gap_since = None
-                state.last = min(state.held) - 1
-                self._release(topic, state)
-            elif now - state.asked_at >= GAP_RETRY:
-                state.asked_at = now
-                self._subscribe(now, {topic: state.last})
+        self._order.housekeeping(now)
 
     def _pump(self) -> None:
         while True:
@@ -420,7 +366,8 @@ class FeedClient:
             self._control(body)
             return
         self.stats.received += 1
-        self._arrived(topic, FeedMessage(topic, envelope.seq, envelope.time, body))
+        self._order.arrived(FeedMessage(topic, envelope.seq, envelope.time, body),
+                            time.monotonic())
 
     def _control(self, body: Message) -> None:
         if isinstance(body, Subscribed):
@@ -430,73 +377,12 @@ class FeedClient:
             self._renew = body.renew
             self._next_renew = min(self._next_renew, time.monotonic() + body.renew / 3)
             if body.epoch and self.epoch and body.epoch != self.epoch:
-                # Begun anew: our positions are of another feed. Start every topic from
-                # 0; the controller replays what it retains (it saw our old epoch).
-                self.stats.resets += 1
-                for state in self._topics.values():
-                    state.last, state.known, state.delivered = 0, True, 0
-                    state.held.clear()
-                    state.gap_since = None
+                self._order.reset()
             if body.epoch:
                 self.epoch = body.epoch
-            for position in body.positions:
-                state = self._topics.setdefault(position.topic, _Topic())
-                if not state.known:  # new to us: we want the present, not the past
-                    state.last, state.known = position.seq, True
-            for oldest in body.oldest:  # what we asked for is partly gone: say so now
-                state = self._topics.get(oldest.topic)
-                if state is not None and state.known and state.last < oldest.seq - 1:
-                    self.stats.gaps += 1
-                    state.last = oldest.seq - 1
-                    state.gap_since = None
-                    self._release(oldest.topic, state)
+            self._order.learn(body.positions)
+            self._order.lost_before(body.oldest, time.monotonic())
         elif isinstance(body, Reply):
             self._replies[body.request] = body
         else:
             self.stats.rejected += 1
-
-    def _arrived(self, topic: str, message: FeedMessage) -> None:
-        state = self._topics.setdefault(topic, _Topic())
-        if not state.known:
-            state.last, state.known = message.seq - 1, True
-        if message.seq <= state.last:
-            # Sent again: a condition for a late joiner (the present, which we have not
-            # had), a republication of what we had, or a duplicate.
-            if message.category is not Category.CONDITION:
-                self.stats.duplicates += 1
-            elif message.seq > state.delivered:
-                self._deliver(state, message)
-            elif self.skip_repeated_conditions:
-                self.stats.repeated_conditions += 1
-            else:
-                self._ready.append(message)
-            return
-        state.held[message.seq] = message
-        if message.seq > state.last + 1 and state.gap_since is None:
-            now = time.monotonic()
-            state.gap_since = state.asked_at = now
-            self._subscribe(now, {topic: state.last})  # ask for the missing
-        self._release(topic, state)
-
-    def _release(self, topic: str, state: _Topic) -> None:
-        start = state.last
-        while state.last + 1 in state.held:
-            state.last += 1
-            self._deliver(state, state.held.pop(state.last))
-        if state.gap_since is None:
-            return
-        if not state.held:
-            self.stats.recovered += 1
-            state.gap_since = None
-        elif state.last > start:
-            state.gap_since = time.monotonic()  # progress: the clock starts again
-
-    def _deliver(self, state: _Topic, message: FeedMessage) -> None:
-        state.delivered = max(state.delivered, message.seq)
-        if message.category is Category.CONDITION:
-            if self.skip_repeated_conditions and state.condition.get(message.kind) == \
-                    message.body:
-                self.stats.repeated_conditions += 1
-                return
-            state.condition[message.kind] = message.body
-        self._ready.append(message)

@@ -36,6 +36,7 @@ ENGINES = (
     "controller.views", "controller.types", "controller.notices",
     "controller.scheduler.engine", "controller.scheduler.table",
     "controller.scheduler.reasons", "controller.scheduler.types",
+    "harmonaize.tenant.sequencer",
 )
 #: Modules that do I/O (or serve it), directly or by what they exist for.
 IO_MODULES = frozenset({

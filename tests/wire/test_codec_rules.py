@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from harmonaize import messages as m
-from harmonaize.messages import MAX_FRAME, MAX_MAP, WireError, decode, encode
+from harmonaize.messages import MAX_FRAME, MAX_MAP, WireError, core, decode, encode
 
 pytestmark = [pytest.mark.foundation, pytest.mark.hardening]
 
@@ -110,7 +110,7 @@ def test_tuning_ranges_say_what_is_wrong() -> None:
 
 
 def test_a_kind_is_registered_once_with_its_category(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(m, "_REGISTRY", dict(m._REGISTRY))
+    monkeypatch.setattr(core, "_REGISTRY", dict(core._REGISTRY))
 
     @m.message("test-probe", m.Category.EVENT)
     @dataclass(frozen=True)
