@@ -33,8 +33,12 @@ MODULES = {
     "agent/conditions.py": ["tests/test_health.py", "tests/test_conditions_rules.py"],
     # The tuning loop, split along its seams: each part scored by the loop's tests.
     **{f"agent/tuning/{part}.py": ["tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py"]
-       for part in ("loop", "entries", "jobstate", "readiness", "reports", "multihost",
-                    "adoption")},
+       for part in ("loop", "entries", "readiness", "reports", "multihost", "adoption")},
+    # ... and the loop's settings read from the tuning section (the shell's part).
+    "agent/tuning/jobstate.py": [
+        "tests/test_tuning_loop.py", "tests/test_tuning_loop_edges.py",
+        "tests/test_links_rdma_tuning_layout.py::"
+        "test_item2_the_tuning_loop_reads_its_own_part_of_the_tuning_section"],
     "agent/energy/engine.py": ["tests/test_energy_loop.py"],
     "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],
