@@ -72,8 +72,12 @@ MODULES = {
     "agent/conditions.py": ["tests/agent/test_step.py", "tests/agent/test_conditions.py"],
     # The tuning loop, split along its seams: each part scored by the loop's tests.
     **{f"agent/tuning/{part}.py": TUNING_LOOP_TESTS
-       for part in ("loop", "entries", "jobstate", "readiness", "reports", "multihost",
-                    "adoption")},
+       for part in ("loop", "entries", "readiness", "reports", "multihost", "adoption")},
+    # ... and the loop's settings read from the tuning section (the shell's part).
+    "agent/tuning/jobstate.py": [
+        *TUNING_LOOP_TESTS,
+        "tests/architecture/test_net_domains.py::"
+        "test_item2_the_tuning_loop_reads_its_own_part_of_the_tuning_section"],
     "agent/energy/engine.py": ["tests/agent/energy/test_engine.py"],
     "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,

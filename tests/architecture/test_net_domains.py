@@ -24,6 +24,7 @@ from agent.links.settings import LinksSection
 from agent.observations import Observations
 from agent.rdma.observer import RdmaObserver
 from agent.step import HostHealthEngine
+from agent.tuning.loop import LoopSettings
 from agent.tuning.service import TuningService
 from agent.tuning.settings import TuningSection
 from harmonaize.messages import Algorithm, Collective, JobDeclaration, Protocol, TuningRange
@@ -139,6 +140,15 @@ def test_item2_services_take_their_own_part_of_a_pass() -> None:
     from agent.rdma.service import RdmaCcService  # noqa: PLC0415 - the module under test
     assert list(inspect.signature(TuningService.step).parameters)[1] == "sample"
     assert list(inspect.signature(RdmaCcService.step).parameters)[1] == "sample"
+
+
+def test_item2_the_tuning_loop_reads_its_own_part_of_the_tuning_section() -> None:
+    section = TuningSection(max_changes_per_minute=7, hold=2.5, activation_lead=0.25,
+                            activation_margin=99, report_interval=3.0, stall=4.0,
+                            link_classes=["data", "storage"])
+    assert LoopSettings.of(section) == LoopSettings(
+        max_changes_per_minute=7, hold=2.5, activation_lead=0.25, activation_margin=99,
+        report_interval=3.0, stall=4.0, link_classes=("data", "storage"))
 
 
 @pytest.mark.parametrize("tree", [*OURS, *LAYERS])
