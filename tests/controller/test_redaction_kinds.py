@@ -14,13 +14,15 @@ from controller.poolredaction import (
     trend,
     true_counts,
 )
-from controller.privacy import Plan, margin
-from controller.redactionconfig import Mode, PoolNames, RedactionConfig, bucket
+from controller.privacy import Plan, margin, release_epsilon
+from controller.redaction import Redactor
+from controller.redactionconfig import Mode, PoolNames, PoolPrivacy, RedactionConfig, bucket
 from controller.types import HostState, Member, Placement
 from harmonaize.messages import (
     Bucket,
     GpuCounts,
     JobEnergy,
+    JobHealth,
     NoticeStatus,
     PoolCapacity,
     Trend,
@@ -153,3 +155,56 @@ def test_a_notice_is_rebuilt_within_its_bounds_or_refused_with_why() -> None:
     assert isinstance(running, ValidationNotice)
     assert running.defer_seconds == 0.0 and running.members == ("0", "1")
     assert rebuilt(notice(60, 1200.0), host_id="z") == "not_placed_here"
+
+
+# --- the redactor's own state: budgets, restored conditions, declared names -------------
+
+
+def test_each_private_pools_budget_spending_and_next_release_are_shown() -> None:
+    cfg = RedactionConfig()
+    redactor = Redactor(cfg, sampler=lambda value, scale: value)
+    redactor.observe([host("a"), host("b")], 0.0)
+    plan = redactor.plan()
+    assert plan == Plan(cfg.epsilon_per_day, cfg.release_interval, cfg.host_gpus,
+                        cfg.gpu_share)
+    eps = release_epsilon(plan)
+    assert redactor.privacy(100.0) == [PoolPrivacy(
+        "p", "h100", cfg.epsilon_per_day, 0.0, 0, eps, plan.gpu_scale, plan.host_scale,
+        cfg.release_interval - 100.0)]
+    assert redactor.next_due() == cfg.release_interval
+    (release,) = redactor.due(cfg.release_interval)
+    assert release.topic == "pool/p/h100" and release.tenant is None
+    (shown,) = redactor.privacy(cfg.release_interval + 1.0)
+    assert (shown.spent, shown.releases, shown.next_release_in) == pytest.approx(
+        (eps, 1, cfg.release_interval - 1.0))
+
+
+def test_a_restored_condition_goes_on_from_its_revision_and_trend() -> None:
+    redactor = Redactor(RedactionConfig(mode=Mode.FULL))
+    told = PoolCapacity("p", "h100", Bucket(1, 1), Bucket(0, 0), Bucket(8, 8), Trend.RISING, 7)
+    redactor.restore("pool/p/h100", told)
+    redactor.restore("job/t/j/", JobHealth("j", revision=3))
+    redactor.restore("job/t/k/", ValidationNotice("k", ("0",), 60, 1.0, "n", 1.0,
+                                                  NoticeStatus.SCHEDULED, 0.0))
+    assert [(p.topic, p.body.revision, p.tenant) for p in redactor.current()] == [
+        ("job/t/j/", 3, "t"), ("pool/p/h100", 7, None)]
+    redactor.observe([host("a")], 1.0)  # the same capacity: nothing new to tell
+    assert redactor.due(1.0) == []
+    redactor.observe([host("a", busy=8)], 2.0)
+    (update,) = redactor.due(2.0)
+    assert (update.body.revision, update.body.trend) == (8, Trend.FALLING)
+
+
+def test_pool_topics_of_names_no_longer_declared_are_forgotten() -> None:
+    redactor = Redactor(RedactionConfig(mode=Mode.FULL))
+    assert redactor.forget_undeclared() == []  # no names: every name is the simulator's
+    redactor.names = PoolNames.of(["p"], ["h100"])
+    for pool in ("p", "q"):
+        redactor.restore(f"pool/{pool}/h100", PoolCapacity(
+            pool, "h100", Bucket(1, 1), Bucket(0, 0), Bucket(8, 8), Trend.STEADY, 1))
+    redactor.restore("job/t/j/", JobHealth("j", revision=1))
+    assert redactor.forget_undeclared() == ["pool/q/h100"]
+    assert [p.topic for p in redactor.current()] == ["job/t/j/", "pool/p/h100"]
+    redactor.observe([host("a", busy=2), host("x", pool="q")], 1.0)
+    assert redactor.held_back == {("q", "h100"): 1}  # its host counts in no pool
+    assert [p.topic for p in redactor.due(1.0)] == ["pool/p/h100"]
