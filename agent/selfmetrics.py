@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from agent.energy import metrics as energy_metrics
 from agent.gpu import metrics as gpu_metrics
 from agent.links import metrics as link_metrics
 from agent.observers.base import State
@@ -38,7 +39,7 @@ def collect(daemon: AgentDaemon) -> list[Family]:
         *rdma_metrics.families(P, daemon.observations.rdma, daemon.rdma_cc),
         *_health(daemon),
         *gpu_metrics.families(P, daemon.summary, daemon.advisories_sent),
-        *gpu_metrics.energy_families(P, daemon.energy),
+        *energy_metrics.families(P, daemon.energy),
         *_uplink(daemon),
         *validation_metrics.families(P, daemon.validation, daemon.events_by_reason),
         *_socket(daemon),
