@@ -44,7 +44,8 @@ ALLOWED_LABELS = {"observer", "state", "hook", "health", "type", "reason", "outc
                   # The host's own NICs, as node_exporter labels them, with the direction,
                   # traffic class and where a drop happened.
                   "device", "direction", "class", "source",
-                  "setting"}  # a DCQCN setting's name (RDMA congestion control)
+                  "setting",  # a DCQCN setting's name (RDMA congestion control)
+                  "machine"}  # a state machine's name (illegal moves refused)
 
 
 def parse_text(text: str) -> dict[str, object]:

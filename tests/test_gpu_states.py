@@ -1,0 +1,329 @@
+"""A GPU's states as one table: every move of it, the engine and validation sending
+events through it, illegal moves counted at the agent's metrics endpoint, and the
+layout of the GPU-side domains (imports through interfaces, one visit per domain on
+an XID's way, no module over 400 lines)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.gpu import health
+from agent.gpu.health import GpuHealthEngine
+from agent.gpu.settings import GpuObserverSection
+from agent.gpu.states import GPU, GpuEvent, GpuState
+from agent.observations import Observations
+from agent.step import HostHealthEngine
+from agent.validation.service import ValidationService
+from agent.validation.settings import CommandSection, ValidationSection
+from harmonaize import statemachine
+from harmonaize.statemachine import IllegalTransition, Machine
+from tests.conftest import free_port
+from tests.daemons import NO_LINKS, agent_config, serving, wait_until
+from tests.test_gpu_health import counters, sample
+from tests.test_ops_metrics import metrics_section, parse_text, scrape, value
+
+pytestmark = [pytest.mark.gpu, pytest.mark.architecture]
+
+ROOT = Path(__file__).resolve().parent.parent
+H, S, V, Q, L = (GpuState.HEALTHY, GpuState.SUSPECT, GpuState.VALIDATING,
+                 GpuState.QUARANTINED, GpuState.LOST)
+ALL = {H, S, V, Q, L}
+
+#: The table written out again by hand, event by event: (from which states, to where).
+#: A move added to, dropped from or redirected in agent/gpu/states.py fails here.
+EXPECTED: dict[GpuEvent, tuple[set[GpuState], GpuState | None]] = {
+    GpuEvent.FELL_OFF: (ALL, L),
+    GpuEvent.FAULT: ({H, S, V}, Q),
+    GpuEvent.SUSPECT_SIGNAL: ({H, S}, S),
+    GpuEvent.SUSPICION_CLEARED: ({S}, H),
+    GpuEvent.VALIDATION_STARTED: (ALL, V),
+    GpuEvent.VALIDATION_PASSED: (ALL, H),
+    GpuEvent.VALIDATION_FAILED: (ALL, Q),
+    GpuEvent.UNDECIDED_WAS_HEALTHY: ({V}, H),
+    GpuEvent.UNDECIDED_WAS_SUSPECT: ({V}, S),
+    GpuEvent.UNDECIDED_WAS_QUARANTINED: ({V}, Q),
+    GpuEvent.UNDECIDED_WAS_LOST: ({V}, L),
+    GpuEvent.QUARANTINE_RESTORED: (ALL, Q),
+    GpuEvent.OPERATOR_DRAIN: (ALL, Q),
+    GpuEvent.OPERATOR_RELEASE: (ALL, H),
+}
+
+
+# --- item 1: the GPU's state machine as data ---------------------------------------
+
+
+def test_every_gpu_state_and_event_pair_moves_as_the_table_says_or_raises() -> None:
+    assert set(EXPECTED) == set(GpuEvent) and set(GPU.states) == ALL
+    pairs = list(GPU.pairs())
+    assert len(pairs) == len(GpuState) * len(GpuEvent)
+    for state, event in pairs:
+        sources, target = EXPECTED[event]
+        if state in sources:
+            assert GPU.move(state, event) is target, (state, event)
+        else:
+            with pytest.raises(IllegalTransition, match="gpu: no move from"):
+                GPU.move(state, event)
+
+
+def test_quarantine_and_loss_are_latched_against_the_rules_own_events() -> None:
+    for latched in (Q, L):
+        assert GpuEvent.FAULT not in GPU.events_from(latched)
+        assert GpuEvent.SUSPECT_SIGNAL not in GPU.events_from(latched)
+        assert GpuEvent.SUSPICION_CLEARED not in GPU.events_from(latched)
+    # Only an undecided validation returns to a state remembered from before it.
+    for before, event in health.UNDECIDED.items():
+        assert {s for s in ALL if GPU.legal(s, event)} == {V}
+        assert GPU.move(V, event) is before
+
+
+def test_no_gpu_state_is_assigned_outside_the_table() -> None:
+    """``.state =`` appears in the GPU domain only where the engine applies a move."""
+    assignments = []
+    for path in sorted((ROOT / "agent").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign)
+                       else [])
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if (isinstance(leaf, ast.Attribute) and leaf.attr == "state"
+                            and isinstance(leaf.value, ast.Name) and leaf.value.id == "gpu"):
+                        assignments.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(assignments) == 1 and assignments[0].startswith("agent/gpu/health.py"), \
+        assignments
+
+
+class Recorder:
+    """The GPU table, recording every (state, event) the engine sends it."""
+
+    def __init__(self, machine: Machine[GpuState, GpuEvent]) -> None:
+        self.machine = machine
+        self.sent: list[tuple[int, GpuState, GpuEvent]] = []
+        self.gpu = -1
+
+    def legal(self, state: GpuState, event: GpuEvent) -> bool:
+        return self.machine.legal(state, event)
+
+    def move(self, state: GpuState, event: GpuEvent) -> GpuState:
+        self.sent.append((state, event))  # type: ignore[arg-type]
+        return self.machine.move(state, event)
+
+
+def two_gpus(sbe: int) -> Any:
+    """Two GPUs whose single-bit ECC errors climb together (a suspect signal)."""
+    first = sample(counters(ecc_sbe_volatile=sbe), index=0)
+    second = sample(counters(ecc_sbe_volatile=sbe), index=1)
+    snap = dataclasses.replace(second.gpus[0], identity=dataclasses.replace(
+        second.gpus[0].identity, uuid="GPU-1"))
+    return dataclasses.replace(first, gpus=(first.gpus[0], snap))
+
+
+def test_the_engine_and_validation_move_a_suspect_gpu_through_validating_to_a_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real engine makes both GPUs suspect; the real validation service runs a real
+    check (GPU 0 passes, GPU 1 fails) and sends the verdicts as events."""
+    recorder = Recorder(GPU)
+    monkeypatch.setattr(health, "GPU", recorder)
+    engine = GpuHealthEngine(GpuObserverSection(sbe_per_minute=10))
+    seen: dict[int, list[GpuState]] = {0: [], 1: []}
+
+    def step(sbe: int) -> tuple[Any, ...]:
+        views = engine.step(two_gpus(sbe), time.time()).gpus
+        for view in views:
+            if not seen[view.index] or seen[view.index][-1] is not view.state:
+                seen[view.index].append(view.state)
+        return views
+
+    check = CommandSection("verdict", (sys.executable, "-c",
+                                       "import sys; sys.exit(0 if sys.argv[1] == '0' else 1)",
+                                       "{gpu}"), levels=(2,), budget=30.0)
+    service = ValidationService(
+        ValidationSection(commands=(check,), cooldown=0.0), tmp_path, engine,
+        retired_pages_limit=60, publish=lambda message: None, emit=lambda event: None,
+        allowance=lambda job: 1e9)
+
+    async def run() -> None:
+        service.start(asyncio.get_running_loop())
+        step(0)
+        views = step(1000)
+        assert {v.state for v in views} == {S}
+        service.step(views, time.time())
+        step(1000)
+        for _ in range(3000):  # the verdicts come back through the event loop
+            if all(i in service.last_done for i in ("gpu:0", "gpu:1")):
+                break
+            await asyncio.sleep(0.01)
+        step(1000)
+
+    try:
+        asyncio.run(run())
+    finally:
+        service.stop()
+    assert seen == {0: [H, S, V, H], 1: [H, S, V, Q]}
+    events = [event for _, event in recorder.sent]
+    assert events.count(GpuEvent.SUSPECT_SIGNAL) == 2
+    assert events.count(GpuEvent.VALIDATION_STARTED) == 2
+    assert (S, GpuEvent.VALIDATION_STARTED) in recorder.sent
+    assert (V, GpuEvent.VALIDATION_PASSED) in recorder.sent
+    assert (V, GpuEvent.VALIDATION_FAILED) in recorder.sent
+
+
+def test_an_illegal_move_in_production_changes_nothing_and_is_counted() -> None:
+    engine = GpuHealthEngine(GpuObserverSection())
+    engine.step(sample(counters(), xids=(79,)), 1.0)  # xid 79: the GPU is lost
+    gpu = engine.gpus[0]
+    assert gpu.state is L
+    before = (gpu.state, gpu.why, gpu.since)
+    statemachine.set_strict(False)
+    try:
+        counted = statemachine.illegal_counts().get("gpu", 0)
+        assert engine._send(gpu, GpuEvent.SUSPICION_CLEARED, "cleared", 2.0) is None
+        assert statemachine.illegal_counts()["gpu"] == counted + 1
+    finally:
+        statemachine.set_strict(True)
+    assert (gpu.state, gpu.why, gpu.since) == before
+    with pytest.raises(IllegalTransition):
+        engine._send(gpu, GpuEvent.SUSPICION_CLEARED, "cleared", 3.0)
+
+
+PROVOKE = """
+import sys
+from agent.gpu.states import GPU, GpuEvent, GpuState
+from agent import main
+# A bug's move, before the agent starts (production: counted, not raised).
+GPU.move(GpuState.LOST, GpuEvent.SUSPICION_CLEARED)
+sys.exit(main.main(sys.argv[1:]))
+"""
+
+
+def test_illegal_transitions_are_exported_at_the_agents_metrics_endpoint(
+    spawn, workdir: Path
+) -> None:
+    port = free_port()
+    config = agent_config(workdir, "t1", links=NO_LINKS + "[observers.gpu]\nenabled = false\n"
+                          + metrics_section(port))
+    log = workdir / "t1.log"
+    env = {k: v for k, v in os.environ.items() if k != statemachine.STRICT_ENV}
+    with log.open("ab") as out:
+        proc = spawn([sys.executable, "-c", PROVOKE, "-c", str(config)], stdout=out,
+                     stderr=subprocess.STDOUT, env=env)
+    wait_until(serving(workdir / "t1.sock", proc, log), what="agent t1")
+    families = parse_text(scrape(port))
+    assert value(families, "harmonaize_agent_illegal_transitions_total", machine="gpu") == 1
+    assert value(families, "harmonaize_agent_illegal_transitions_total",
+                 machine="remediation") == 0
+    assert "gpu: no move from" in log.read_text()
+
+
+# --- item 2: domains side by side ----------------------------------------------------
+
+MINE = ("gpu", "validation", "remediation", "host", "energy")
+DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy")
+COMPOSITION = {"agent.config", "agent.observations", "agent.step", "agent.daemon",
+               "agent.main", "agent.selfmetrics", "agent.uplink", "agent.outbox",
+               "agent.spool", "agent.declarations", "agent.observers"}
+
+
+def imports_of(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):  # TYPE_CHECKING blocks included
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def offences(domain: str) -> list[str]:
+    bad = []
+    for path in sorted((ROOT / "agent" / domain).rglob("*.py")):
+        for module in imports_of(path):
+            parts = module.split(".")
+            if parts[0] != "agent":
+                continue
+            other = parts[1] if len(parts) > 1 else ""
+            if other in DOMAINS and other != domain and parts[2:3] != ["interface"]:
+                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+            if module in COMPOSITION:  # agent.observers.base is the shared framework
+                bad.append(f"{path.relative_to(ROOT)} imports {module} (composition)")
+    return bad
+
+
+@pytest.mark.parametrize("domain", MINE)
+def test_gpu_side_domains_import_other_domains_only_through_their_interface(
+        domain: str) -> None:
+    assert (ROOT / "agent" / domain / "interface.py").is_file()
+    assert offences(domain) == []
+
+
+def test_the_interface_check_sees_a_reach_into_another_domain(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from agent.gpu.health import GpuState\nfrom agent.step import X\n")
+    assert imports_of(probe) == {"agent.gpu.health", "agent.step"}
+
+
+# --- item 3: an XID visits each domain once -------------------------------------------
+
+
+def domain_of(filename: str) -> str:
+    """The agent domain a code file belongs to; "step", "conditions" and the like for
+    the agent's top level and shared layers; "" outside the agent."""
+    try:
+        relative = Path(filename).resolve().relative_to(ROOT / "agent")
+    except ValueError:
+        return ""
+    parts = relative.parts
+    return parts[0] if len(parts) > 1 else relative.stem
+
+
+def test_an_xid_goes_observer_step_gpu_engine_conditions_and_visits_each_domain_once(
+) -> None:
+    """From the step on, an XID enters the GPU domain once (its engine), from the step,
+    and comes back as conditions and events; no domain calls into another."""
+    from agent.config import ObserversSection  # noqa: PLC0415
+
+    engine = HostHealthEngine(ObserversSection())
+    engine.step(Observations(gpu=sample(counters())), 1.0)
+    entries: list[tuple[str, str, str]] = []  # (caller's module, domain entered, function)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or frame.f_back is None:
+            return
+        callee = domain_of(frame.f_code.co_filename)
+        caller = domain_of(frame.f_back.f_code.co_filename)
+        if callee in DOMAINS and caller != callee:
+            entries.append((caller, callee, frame.f_code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        step = engine.step(Observations(gpu=sample(counters(), xids=(79,))), 2.0)
+    finally:
+        sys.setprofile(None)
+    assert any(e.reason == "Xid" for e in step.events)
+    assert any(e.reason == "GpuLost" for e in step.events)
+    assert [e for e in entries if e[1] == "gpu"] == [("step", "gpu", "step")], entries
+    assert [e for e in entries if e[1] == "host"] == [("step", "host", "host_findings")]
+    assert {caller for caller, _, _ in entries} == {"step"}, entries
+
+
+# --- item 4: no module over 400 lines ---------------------------------------------------
+
+
+@pytest.mark.parametrize("domain", [*MINE, "kernel/nvml.py", "conditions.py"])
+def test_no_gpu_side_module_is_over_400_lines(domain: str) -> None:
+    target = ROOT / "agent" / domain
+    paths = sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    over = [f"{p.relative_to(ROOT)}: {n}" for p in paths
+            if (n := len(p.read_text().splitlines())) > 400]
+    assert over == []
