@@ -35,12 +35,6 @@ MODULES = {
     "agent/energy/engine.py": ["tests/test_energy_loop.py"],
     "agent/energy/jobs.py": ["tests/test_energy_loop.py"],
     "agent/energy/types.py": ["tests/test_energy_loop.py"],
-    # A GPU's states and the events that move them (the table and its tests).
-    "agent/gpu/states.py": [
-        "tests/test_gpu_states.py::test_every_gpu_state_and_event_pair_moves_as_the_table_says"
-        "_or_raises",
-        "tests/test_gpu_states.py::test_quarantine_and_loss_are_latched_against_the_rules_own"
-        "_events"],
     "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/reasons.py": ["tests/test_scheduler_engine.py"],

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.gpu import health
+from agent.gpu import health, states
 from agent.gpu.health import GpuHealthEngine
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.states import GPU, GpuEvent, GpuState
@@ -63,16 +63,19 @@ EXPECTED: dict[GpuEvent, tuple[set[GpuState], GpuState | None]] = {
 
 
 def test_every_gpu_state_and_event_pair_moves_as_the_table_says_or_raises() -> None:
+    # The table as states.moves() builds it (so a mutation of it is seen), and as built.
+    machine = Machine("gpu", states.moves(), states=tuple(GpuState), events=tuple(GpuEvent))
+    assert machine.moves == GPU.moves
     assert set(EXPECTED) == set(GpuEvent) and set(GPU.states) == ALL
-    pairs = list(GPU.pairs())
+    pairs = list(machine.pairs())
     assert len(pairs) == len(GpuState) * len(GpuEvent)
     for state, event in pairs:
         sources, target = EXPECTED[event]
         if state in sources:
-            assert GPU.move(state, event) is target, (state, event)
+            assert machine.move(state, event) is target, (state, event)
         else:
             with pytest.raises(IllegalTransition, match="gpu: no move from"):
-                GPU.move(state, event)
+                machine.move(state, event)
 
 
 def test_quarantine_and_loss_are_latched_against_the_rules_own_events() -> None:

@@ -63,24 +63,30 @@ _ALL = tuple(GpuState)
 H, S, V, Q, L = (GpuState.HEALTHY, GpuState.SUSPECT, GpuState.VALIDATING,
                  GpuState.QUARANTINED, GpuState.LOST)
 
-GPU: Machine[GpuState, GpuEvent] = Machine("gpu", {
-    # A loss is news in every state (a quarantined GPU can still fall off the bus).
-    **{(state, GpuEvent.FELL_OFF): L for state in _ALL},
-    # Quarantine and loss are latched: the rules quarantine only what is in service.
-    **{(state, GpuEvent.FAULT): Q for state in (H, S, V)},
-    # A suspect GPU stays suspect (with the newest reason) while signals come.
-    (H, GpuEvent.SUSPECT_SIGNAL): S,
-    (S, GpuEvent.SUSPECT_SIGNAL): S,
-    (S, GpuEvent.SUSPICION_CLEARED): H,
-    # Validation: started from any state (an operator or remediation may ask for any GPU).
-    **{(state, GpuEvent.VALIDATION_STARTED): V for state in _ALL},
-    # A verdict speaks for the GPU whatever happened while the checks ran.
-    **{(state, GpuEvent.VALIDATION_PASSED): H for state in _ALL},
-    **{(state, GpuEvent.VALIDATION_FAILED): Q for state in _ALL},
-    **{(V, event): before for before, event in UNDECIDED.items()},
-    **{(state, GpuEvent.QUARANTINE_RESTORED): Q for state in _ALL},
-    # An operator's word: the command checked the state the operator saw, which may be
-    # a pass old by the time it lands.
-    **{(state, GpuEvent.OPERATOR_DRAIN): Q for state in _ALL},
-    **{(state, GpuEvent.OPERATOR_RELEASE): H for state in _ALL},
-}, states=_ALL, events=tuple(GpuEvent))
+
+def moves() -> dict[tuple[GpuState, GpuEvent], GpuState]:
+    """The table: (state, event) -> the state the event leads to."""
+    return {
+        # A loss is news in every state (a quarantined GPU can still fall off the bus).
+        **{(state, GpuEvent.FELL_OFF): L for state in _ALL},
+        # Quarantine and loss are latched: the rules quarantine only what is in service.
+        **{(state, GpuEvent.FAULT): Q for state in (H, S, V)},
+        # A suspect GPU stays suspect (with the newest reason) while signals come.
+        (H, GpuEvent.SUSPECT_SIGNAL): S,
+        (S, GpuEvent.SUSPECT_SIGNAL): S,
+        (S, GpuEvent.SUSPICION_CLEARED): H,
+        # Validation: started from any state (an operator or remediation may ask for any GPU).
+        **{(state, GpuEvent.VALIDATION_STARTED): V for state in _ALL},
+        # A verdict speaks for the GPU whatever happened while the checks ran.
+        **{(state, GpuEvent.VALIDATION_PASSED): H for state in _ALL},
+        **{(state, GpuEvent.VALIDATION_FAILED): Q for state in _ALL},
+        **{(V, event): before for before, event in UNDECIDED.items()},
+        **{(state, GpuEvent.QUARANTINE_RESTORED): Q for state in _ALL},
+        # An operator's word: the command checked the state the operator saw, which may be
+        # a pass old by the time it lands.
+        **{(state, GpuEvent.OPERATOR_DRAIN): Q for state in _ALL},
+        **{(state, GpuEvent.OPERATOR_RELEASE): H for state in _ALL},
+    }
+
+
+GPU: Machine[GpuState, GpuEvent] = Machine("gpu", moves(), states=_ALL, events=tuple(GpuEvent))
