@@ -22,6 +22,8 @@ from agent.gpu.health import GpuHealthEngine
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.states import GPU, GpuEvent, GpuState
 from agent.observations import Observations
+from agent.remediation.engine import REMEDIATION, TRANSITIONS, RemediationEngine
+from agent.remediation.types import Phase, Record, Settings
 from agent.step import HostHealthEngine
 from agent.validation.service import ValidationService
 from agent.validation.settings import CommandSection, ValidationSection
@@ -131,6 +133,7 @@ def two_gpus(sbe: int) -> Any:
     return dataclasses.replace(first, gpus=(first.gpus[0], snap))
 
 
+@pytest.mark.validation
 def test_the_engine_and_validation_move_a_suspect_gpu_through_validating_to_a_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -180,6 +183,25 @@ def test_the_engine_and_validation_move_a_suspect_gpu_through_validating_to_a_ve
     assert (S, GpuEvent.VALIDATION_STARTED) in recorder.sent
     assert (V, GpuEvent.VALIDATION_PASSED) in recorder.sent
     assert (V, GpuEvent.VALIDATION_FAILED) in recorder.sent
+
+
+@pytest.mark.scheduler
+def test_the_remediation_table_is_a_machine_and_every_move_off_it_is_refused() -> None:
+    assert dict(REMEDIATION.moves) == TRANSITIONS
+    assert set(REMEDIATION.states) == {None, *Phase}
+    refused = 0
+    for phase, event in REMEDIATION.pairs():
+        engine = RemediationEngine(Settings(), [] if phase is None
+                                   else [Record("GPU-2", 2, phase)])
+        if REMEDIATION.legal(phase, event):
+            moved = engine._move("GPU-2", event, gpu=2)
+            assert (moved.phase if moved else None) is TRANSITIONS[(phase, event)]
+        else:
+            refused += 1
+            with pytest.raises(ValueError, match="remediation: no move from"):
+                engine._move("GPU-2", event, gpu=2)
+            assert engine.changed == set()  # refused: nothing to persist
+    assert refused == len(REMEDIATION.states) * len(REMEDIATION.events) - len(TRANSITIONS)
 
 
 def test_an_illegal_move_in_production_changes_nothing_and_is_counted() -> None:
