@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from agent.conditions import Action, Finding, worst
 from agent.gpu.record import GpuRecord, GpuRule, GpuView
-from agent.gpu.record import GpuRecord as _Gpu  # noqa: F401  (the name tests know)
 from agent.gpu.rules import rules
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.states import GPU, UNDECIDED, GpuEvent, GpuState
