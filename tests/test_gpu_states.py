@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent.conditions import Action
 from agent.gpu import health, states
 from agent.gpu.health import GpuHealthEngine
 from agent.gpu.settings import GpuObserverSection
@@ -28,6 +29,7 @@ from agent.step import HostHealthEngine
 from agent.validation.service import ValidationService
 from agent.validation.settings import CommandSection, ValidationSection
 from harmonaize import statemachine
+from harmonaize.messages import Severity
 from harmonaize.statemachine import IllegalTransition, Machine
 from tests.conftest import free_port
 from tests.daemons import NO_LINKS, agent_config, serving, wait_until
@@ -183,6 +185,63 @@ def test_the_engine_and_validation_move_a_suspect_gpu_through_validating_to_a_ve
     assert (S, GpuEvent.VALIDATION_STARTED) in recorder.sent
     assert (V, GpuEvent.VALIDATION_PASSED) in recorder.sent
     assert (V, GpuEvent.VALIDATION_FAILED) in recorder.sent
+
+
+def test_each_hook_sends_one_event_and_reports_the_move_exactly() -> None:
+    """Validation's and operators' hooks: the state, the reason and the action they
+    leave, the host event of a move (none without one), and a re-judgement at once."""
+    engine = GpuHealthEngine(GpuObserverSection())
+    engine.step(sample(counters()), 1.0)
+    gpu = engine.gpus[0]
+    assert engine.reset_seen(0) == float("-inf") and engine.reset_seen(9) == float("-inf")
+
+    def moved(event: Any, state: GpuState, why: str, action: Action) -> None:
+        assert (gpu.state, gpu.why, gpu.action) == (state, why, action)
+        assert engine.changed and engine.next_deadline() == float("-inf")
+        engine.step(sample(counters()), gpu.since + 0.5)  # judged at once
+        assert not engine.changed and engine.next_deadline() > gpu.since
+        if event is not None:
+            assert event.message == f"gpu 0: {previous.value} -> {state.value}: {why}"
+
+    previous = H
+    event = engine.begin_validation(0, 2.0)
+    assert (event.reason, event.severity) == ("GpuValidating", Severity.INFO)
+    moved(event, V, "validating ()", Action.NONE)
+    previous = V
+    event = engine.abort_validation(0, "undecided", 3.0)
+    assert (event.reason, event.severity) == ("GpuHealthy", Severity.INFO)
+    moved(event, H, "undecided", Action.NONE)
+    assert engine.abort_validation(0, "again", 3.5) is None and gpu.why == "undecided"
+    previous = H
+    event = engine.quarantine(0, "fan noise", 4.0)
+    assert (event.reason, event.severity) == ("GpuQuarantined", Severity.CRITICAL)
+    moved(event, Q, "fan noise", Action.DRAIN)
+    assert engine.quarantine(0, "fan noise", 4.2) is None  # nothing new: no move at all
+    assert not engine.changed
+    # The same state with a new reason: no event, but the reason, action and time move.
+    assert engine.quarantine(0, "recorded", 4.5, Action.RMA,
+                             GpuEvent.QUARANTINE_RESTORED) is None
+    moved(None, Q, "recorded", Action.RMA)
+    assert gpu.since == 4.5
+    previous = Q
+    event = engine.release(0, "operator", 5.0)
+    assert (event.reason, event.severity) == ("GpuHealthy", Severity.INFO)
+    moved(event, H, "operator", Action.NONE)
+    assert gpu.acknowledged_at == 5.0
+    engine.begin_validation(0, 6.0)
+    previous = V
+    event = engine.end_validation(0, False, "burn failed", 7.0, Action.RESET_GPU)
+    assert (event.reason, event.severity) == ("GpuQuarantined", Severity.CRITICAL)
+    moved(event, Q, "burn failed", Action.RESET_GPU)
+    engine.begin_validation(0, 8.0)
+    assert gpu.before_validation is Q and gpu.why == "validating (burn failed)"
+    previous = V
+    event = engine.end_validation(0, True, "burn passed", 9.0)
+    moved(event, H, "burn passed", Action.NONE)
+    assert gpu.acknowledged_at == 9.0
+    long_why = "x" * 2000
+    event = engine.quarantine(0, long_why, 10.0)
+    assert len(event.message) == 1000 and gpu.why == long_why
 
 
 @pytest.mark.scheduler
