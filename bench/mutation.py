@@ -37,7 +37,7 @@ MODULES = {
     "agent/energy/types.py": ["tests/test_energy_loop.py"],
     # The GPU engine, which applies the GPU's state table (agent/gpu/states.py holds only
     # names, which mutmut leaves alone: its hand-written twin in tests/test_gpu_states.py
-    # pins it), and its rules.
+    # pins it); its rules are agent/gpu/rules.py.
     "agent/gpu/health.py": [
         "tests/test_gpu_health.py", "tests/test_redesign_deadlines.py",
         "tests/test_gpu_states.py::test_each_hook_sends_one_event_and_reports_the_move_exactly"],
