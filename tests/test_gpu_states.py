@@ -22,6 +22,7 @@ from agent.gpu import health, states
 from agent.gpu.health import GpuHealthEngine
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.states import GPU, GpuEvent, GpuState
+from agent.gpu.types import GpuProcess
 from agent.observations import Observations
 from agent.remediation.engine import REMEDIATION, TRANSITIONS, RemediationEngine
 from agent.remediation.types import Phase, Record, Settings
@@ -33,7 +34,7 @@ from harmonaize.messages import Severity
 from harmonaize.statemachine import IllegalTransition, Machine
 from tests.conftest import free_port
 from tests.daemons import NO_LINKS, agent_config, serving, wait_until
-from tests.test_gpu_health import counters, sample
+from tests.test_gpu_health import counters, sample, telemetry
 from tests.test_ops_metrics import metrics_section, parse_text, scrape, value
 
 pytestmark = [pytest.mark.gpu, pytest.mark.architecture]
@@ -242,6 +243,58 @@ def test_each_hook_sends_one_event_and_reports_the_move_exactly() -> None:
     long_why = "x" * 2000
     event = engine.quarantine(0, long_why, 10.0)
     assert len(event.message) == 1000 and gpu.why == long_why
+
+
+def three_gpus(sbe: int, xid_on_0: bool = False) -> Any:
+    """GPU 0 (busy, an XID 79 if asked), 1, and 2 whose single-bit errors climb."""
+    gpus = []
+    for index in range(3):
+        one = sample(counters(ecc_sbe_volatile=sbe if index == 2 else 0),
+                     telemetry(processes=(GpuProcess(7, 1 << 30),)) if index == 0 else None,
+                     index=index)
+        gpus.append(dataclasses.replace(one.gpus[0], identity=dataclasses.replace(
+            one.gpus[0].identity, uuid=f"GPU-{index}")))
+    first = sample(counters(), xids=(79,) if xid_on_0 else ())
+    return dataclasses.replace(first, gpus=tuple(gpus))
+
+
+def test_the_gpu_step_counts_states_and_lists_failed_and_suspect_gpus_for_the_host() -> None:
+    """The host's view of its GPUs' states: counts, and the two host findings."""
+    engine = GpuHealthEngine(GpuObserverSection(sbe_per_minute=10))
+    step = engine.step(three_gpus(0), 1.0)
+    assert (step.counts.healthy, step.counts.in_use) == (3, 1)
+    failure, suspect = step.findings
+    assert (failure.type, failure.holds, failure.severity, failure.reason, failure.message) \
+        == ("GpuFailure", False, Severity.WARNING, "", "")
+    assert (suspect.type, suspect.holds, suspect.reason, suspect.message) == (
+        "GpuSuspect", False, "", "")
+    engine.quarantine(1, "fan noise", 1.5)
+    step = engine.step(three_gpus(1000), 2.0)
+    counts = step.counts
+    assert (counts.healthy, counts.suspect, counts.validating, counts.quarantined,
+            counts.lost, counts.in_use) == (1, 1, 0, 1, 0, 1)
+    failure, suspect = step.findings
+    assert (failure.holds, failure.severity, failure.reason, failure.message) == (
+        True, Severity.WARNING, "GpuOutOfService", "gpu 1 quarantined: fan noise (drain)")
+    assert (suspect.holds, suspect.severity, suspect.reason) == (
+        True, Severity.WARNING, "GpuUnderSuspicion")
+    assert suspect.message == ("gpu 2 suspect: EccCorrectableRate: 1000 single-bit ECC "
+                               "errors in the last minute (none)")
+    assert step.action is Action.DRAIN
+    step = engine.step(three_gpus(1000, xid_on_0=True), 3.0)
+    counts = step.counts
+    assert (counts.healthy, counts.suspect, counts.quarantined, counts.lost) == (0, 1, 1, 1)
+    failure, _ = step.findings
+    assert (failure.holds, failure.severity, failure.reason) == (
+        True, Severity.CRITICAL, "NodeRebootRequired")
+    lost, drained = failure.message.split("; ")
+    assert lost.startswith("gpu 0 lost: Xid: xid 79 (") and lost.endswith("(reboot-node)")
+    assert drained == "gpu 1 quarantined: fan noise (drain)"
+    assert step.action is Action.REBOOT_NODE
+    views = {v.index: v for v in step.gpus}
+    assert (views[0].state, views[0].action, views[0].xid_count) == (L, Action.REBOOT_NODE, 1)
+    assert views[0].actions["Xid"] is Action.REBOOT_NODE
+    assert [c.type for c in health.holding(views[0])] == ["Xid"]
 
 
 @pytest.mark.scheduler
