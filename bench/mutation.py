@@ -42,7 +42,9 @@ MODULES = {
         "tests/test_gpu_health.py", "tests/test_redesign_deadlines.py",
         "tests/test_gpu_states.py::test_each_hook_sends_one_event_and_reports_the_move_exactly",
         "tests/test_gpu_states.py::test_the_gpu_step_counts_states_and_lists_failed_and_suspect"
-        "_gpus_for_the_host"],
+        "_gpus_for_the_host",
+        "tests/test_gpu_states.py::test_each_xid_is_an_event_by_its_effect_and_a_reload_judges"
+        "_every_gpu_again"],
     "controller/scheduler/engine.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/table.py": ["tests/test_scheduler_engine.py"],
     "controller/scheduler/reasons.py": ["tests/test_scheduler_engine.py"],

@@ -297,6 +297,27 @@ def test_the_gpu_step_counts_states_and_lists_failed_and_suspect_gpus_for_the_ho
     assert [c.type for c in health.holding(views[0])] == ["Xid"]
 
 
+def test_each_xid_is_an_event_by_its_effect_and_a_reload_judges_every_gpu_again() -> None:
+    engine = GpuHealthEngine(GpuObserverSection())
+    engine.step(sample(counters()), 1.0)
+    step = engine.step(sample(counters(), xids=(999, 74)), 2.0)
+    xids = [e for e in step.events if e.reason == "Xid"]
+    assert [(e.severity, e.message) for e in xids] == [
+        (Severity.INFO, "gpu 0: xid 999 (not in the catalog): none"),
+        (Severity.WARNING, "gpu 0: xid 74 (NVLink error): reset-gpu")]
+    gpu = engine.gpus[0]
+    assert gpu.xid_count == 2 and set(gpu.xids) == {74}  # only an XID with an effect holds
+    assert gpu.state is S
+    step = engine.step(sample(counters(), xids=(79,)), 3.0)
+    assert [e.severity for e in step.events if e.reason == "Xid"] == [Severity.CRITICAL]
+    assert step.gpus[0].xid_count == 3
+    engine.step(sample(counters()), 3.1)  # a pass without news after the move
+    assert engine.next_deadline() > 3.1 and not engine.changed
+    new = GpuObserverSection(sbe_per_minute=1)
+    engine.configure(new)
+    assert engine.cfg is new and engine.changed and engine.next_deadline() == float("-inf")
+
+
 @pytest.mark.scheduler
 def test_the_remediation_table_is_a_machine_and_every_move_off_it_is_refused() -> None:
     assert dict(REMEDIATION.moves) == TRANSITIONS
