@@ -30,9 +30,10 @@ from agent import config as agent_config
 from agent import selfmetrics
 from agent.config import AgentConfig
 from agent.declarations import Declarations
+from agent.energy import commands as energy_commands
 from agent.energy.service import EnergyService
 from agent.gpu import commands as gpu_commands
-from agent.gpu.health import GpuState
+from agent.gpu.health import GpuState, GpuStep, GpuView
 from agent.host import commands as host_commands
 from agent.links import commands as link_commands
 from agent.observations import Observations
@@ -537,10 +538,11 @@ class AgentDaemon:
             "status": Command(self._cmd_status, "agent, observers, health and uplink"),
             **link_commands.commands(self.observers, self._links_pass),
             **rdma_commands.commands(self, lambda: self.observations.rdma),
-            **gpu_commands.commands(self),
-            **host_commands.commands(self, lambda: self._step(time.time())),
+            **gpu_commands.commands(self, self._last_gpu_pass),
+            **energy_commands.commands(self),
+            **host_commands.commands(self, lambda: self._step(time.time()), self._drain_gpu),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
-            **validation_commands.commands(self),
+            **validation_commands.commands(self, self._gpu_views),
             **remediation_commands.commands(self),
             **tuning_commands.commands(self, self._declared),
         }
@@ -551,6 +553,17 @@ class AgentDaemon:
         return link_commands.LinksPass(
             self.observations.links, self.observations.rdma,
             step.links.links if step else (), step.summary.links if step else None)
+
+    def _last_gpu_pass(self) -> tuple[HostSummary | None, GpuStep | None]:
+        step = self.last_step
+        return (step.summary, step.gpus) if step is not None else (None, None)
+
+    def _gpu_views(self) -> tuple[GpuView, ...]:
+        return self.last_step.gpus.gpus if self.last_step is not None else ()
+
+    def _drain_gpu(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``drain`` with ``gpu``: the host's command, validation's work."""
+        return validation_commands.drain_gpu(self, self._gpu_views, args)
 
     def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
         self.observers.refresh_details()

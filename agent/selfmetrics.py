@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from agent.energy import metrics as energy_metrics
 from agent.gpu import metrics as gpu_metrics
+from agent.gpu.states import GPU
 from agent.links import metrics as link_metrics
 from agent.observers.base import State
 from agent.rdma import metrics as rdma_metrics
+from agent.remediation.engine import REMEDIATION
 from agent.validation import metrics as validation_metrics
-from harmonaize import __version__
+from harmonaize import __version__, statemachine
 from harmonaize.exhaustion import families as exhaustion_families
 from harmonaize.messages import Health, Status
 from harmonaize.metrics import Family, counter, gauge
@@ -37,8 +40,9 @@ def collect(daemon: AgentDaemon) -> list[Family]:
                                daemon.last_step.links.links if daemon.last_step else ()),
         *rdma_metrics.families(P, daemon.observations.rdma, daemon.rdma_cc),
         *_health(daemon),
+        *_transitions(),
         *gpu_metrics.families(P, daemon.summary, daemon.advisories_sent),
-        *gpu_metrics.energy_families(P, daemon.energy),
+        *energy_metrics.families(P, daemon.energy),
         *_uplink(daemon),
         *validation_metrics.families(P, daemon.validation, daemon.events_by_reason),
         *_socket(daemon),
@@ -83,6 +87,20 @@ def _observers(daemon: AgentDaemon) -> list[Family]:
         runs.add(record.samples, observer=record.name)
         failures.add(record.failures, observer=record.name)
     return [state, success, duration, runs, failures]
+
+
+#: The agent's state machines, shown at zero before any illegal move.
+MACHINES = (GPU.name, REMEDIATION.name)
+
+
+def _transitions() -> list[Family]:
+    illegal = counter(f"{P}_illegal_transitions_total",
+                      "State-machine moves refused because their table has no such move "
+                      "(a bug: each kind is logged once), by machine.")
+    counts = dict.fromkeys(MACHINES, 0) | statemachine.illegal_counts()
+    for machine, count in sorted(counts.items()):
+        illegal.add(count, machine=machine)
+    return [illegal]
 
 
 def _health(daemon: AgentDaemon) -> list[Family]:

@@ -84,9 +84,12 @@ class HostHealthEngine:
         inputs = (observations.host, observations.links, observations.rdma, observations.gpu,
                   tuple(sorted((failing or {}).items())), drained, validation_failure,
                   tuple(extra))
-        if self._last is not None and now < self.next_deadline() and not self.gpus.changed \
+        # Inputs first: a pass with news (an XID) goes straight to the engines, each
+        # called once, without asking them for their deadlines first.
+        if self._last is not None and not self.gpus.changed \
                 and all(a is b or a == b  # "is": only the fast path of ==
-                        for a, b in zip(inputs, self._last[0], strict=True)):
+                        for a, b in zip(inputs, self._last[0], strict=True)) \
+                and now < self.next_deadline():
             previous = self._last[2]
             return HealthStep(previous.summary, [], [], previous.gpus, previous.links)
         step = self._step(observations, now, failing, drained, validation_failure,

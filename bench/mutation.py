@@ -79,6 +79,19 @@ MODULES = {
         "tests/architecture/test_net_domains.py::"
         "test_item2_the_tuning_loop_reads_its_own_part_of_the_tuning_section"],
     "agent/energy/engine.py": ["tests/agent/energy/test_engine.py"],
+    "agent/energy/jobs.py": ["tests/agent/energy/test_engine.py"],
+    "agent/energy/types.py": ["tests/agent/energy/test_engine.py"],
+    # The GPU engine, which applies the GPU's state table (agent/gpu/states.py holds only
+    # names, which mutmut leaves alone: its hand-written twin in tests/agent/gpu/test_states.py
+    # pins it); its rules are agent/gpu/rules.py.
+    "agent/gpu/health.py": [
+        "tests/agent/gpu/test_health.py", "tests/agent/test_deadlines.py",
+        "tests/agent/gpu/test_states.py::test_each_hook_sends_one_event_and_reports_the_move"
+        "_exactly",
+        "tests/agent/gpu/test_states.py::test_the_gpu_step_counts_states_and_lists_failed_and"
+        "_suspect_gpus_for_the_host",
+        "tests/agent/gpu/test_states.py::test_each_xid_is_an_event_by_its_effect_and_a_reload"
+        "_judges_every_gpu_again"],
     "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/reasons.py": SCHEDULER_ENGINE_TESTS,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agent.energy.engine import PowerInfo, ReadPower, SetLimit
-from agent.gpu.nvml import bounded
+from agent.kernel.nvml import bounded
 from harmonaize.logs import one_line
 from harmonaize.threads import set_os_thread_name
 

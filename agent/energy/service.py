@@ -28,7 +28,7 @@ from agent.energy.engine import (
 )
 from agent.energy.power import Originals, PowerControl, Saved, restore_left
 from agent.energy.settings import EnergySection
-from agent.gpu.types import GpuSample
+from agent.gpu.interface import GpuSample
 from agent.plugin.shm import StatsReader
 from harmonaize.messages import EnergyAllowance, JobDeclaration, JobEnergy
 

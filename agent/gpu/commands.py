@@ -1,73 +1,66 @@
-"""The GPU domain's operator commands: ``gpus`` (telemetry, counters, state, jobs),
-``health`` (why each GPU and the host are in their state) and ``energy`` (power limits
-the energy loop set, what they saved, and why)."""
+"""The GPU domain's operator commands: ``gpus`` (telemetry, counters, state, jobs) and
+``health`` (why each GPU and the host are in their state).
+
+The daemon (composition) hands in the last pass's GPU step and host summary; this
+module knows nothing of the agent's overall step.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.gpu.health import GpuView
+from agent.gpu.health import GpuStep
 from agent.gpu.views import gpu_row, health_row
+from harmonaize.messages import HostSummary
 from harmonaize.opsocket import Command
 from harmonaize.schema import to_plain
 
 if TYPE_CHECKING:
-    from agent.energy.service import EnergyService
     from agent.observers.base import ObserverSet
-    from agent.step import HealthStep
+
+#: The last pass as the GPU commands need it: the host summary and the GPU step.
+LastPass = Callable[[], tuple[HostSummary | None, GpuStep | None]]
 
 
 class Shell(Protocol):
     """What the commands read of the daemon."""
 
     observers: ObserverSet
-    last_step: HealthStep | None
     advisories_sent: int
-    energy: EnergyService | None
 
     @property
     def gpu_class(self) -> str: ...
 
 
-def gpu_views(step: HealthStep | None) -> tuple[GpuView, ...]:
-    return step.gpus.gpus if step else ()
-
-
-def commands(shell: Shell) -> dict[str, Command]:
+def commands(shell: Shell, last: LastPass) -> dict[str, Command]:
     return {
-        "gpus": Command(lambda args: gpus_view(shell), "GPU telemetry, counters, state and jobs"),
-        "health": Command(lambda args: health_view(shell),
+        "gpus": Command(lambda args: gpus_view(shell, last),
+                        "GPU telemetry, counters, state and jobs"),
+        "health": Command(lambda args: health_view(shell, last),
                           "why each GPU and the host are in their state"),
-        "energy": Command(lambda args: energy_view(shell),
-                          "power limits per GPU: set, original, draw, energy saved, why"),
     }
 
 
-def energy_view(shell: Shell) -> dict[str, Any]:
-    if shell.energy is None:
-        return {"enabled": False, "gpus": [], "jobs": [], "changes": {}, "left_lowered": []}
-    return shell.energy.view()
-
-
-def gpus_view(shell: Shell) -> dict[str, Any]:
+def gpus_view(shell: Shell, last: LastPass) -> dict[str, Any]:
     record = shell.observers.records.get("gpu")
+    _, gpus = last()
     return {
         "state": record.state.value if record else "disabled",
         "detail": (record.extra.get("detail") or record.detail) if record else "",
         "gpu_class": shell.gpu_class,
-        "gpus": [gpu_row(view) for view in gpu_views(shell.last_step)],
+        "gpus": [gpu_row(view) for view in (gpus.gpus if gpus else ())],
     }
 
 
-def health_view(shell: Shell) -> dict[str, Any]:
-    step = shell.last_step
-    summary = step.summary if step else None
+def health_view(shell: Shell, last: LastPass) -> dict[str, Any]:
+    summary, gpus = last()
     return {
         "health": summary.health.value if summary else None,
         "schedulable": summary.schedulable if summary else None,
-        "action": step.gpus.action.value if step else "none",
+        "action": gpus.action.value if gpus else "none",
         "conditions": [to_plain(c) for c in summary.conditions] if summary else [],
         "gpu_counts": to_plain(summary.gpus) if summary else {},
-        "gpus": [health_row(view) for view in gpu_views(step)],
+        "gpus": [health_row(view) for view in (gpus.gpus if gpus else ())],
         "advisories_sent": shell.advisories_sent,
     }

@@ -11,19 +11,16 @@ arrives; slower-moving telemetry (temperature, power, clocks, processes)
 every ``slow_interval``. Events
 arrive on a thread of their own through ``nvmlEventSetWait_v2``, and a
 repeated identical XID is still a new event.
-"""
 
-# Over 400 lines because every NVML call the agent makes goes through here, each bounded, on
-# NVML's own threads, with the event thread; keeping them together keeps the threading
-# rules in one place.
+The library's loading and bounded calls are :mod:`agent.kernel.nvml`; one GPU's
+readings :mod:`agent.gpu.reader`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -31,208 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agent.gpu.types import (
-    WANTED_EVENTS,
-    GpuCounters,
-    GpuIdentity,
-    GpuProcess,
-    GpuSnapshot,
-    GpuTelemetry,
-    NvmlEvent,
-)
+from agent.gpu.reader import FIELDS, VERSIONS, GpuReader
+from agent.gpu.types import WANTED_EVENTS, GpuIdentity, GpuSnapshot, NvmlEvent
+from agent.kernel.nvml import NvmlUnavailable, bounded, nvml_module, preload
 from harmonaize.threads import set_os_thread_name
+
+__all__ = ["FIELDS", "VERSIONS", "GpuReader", "Nvml", "NvmlUnavailable", "bounded", "preload"]
 
 log = logging.getLogger(__name__)
 
-#: Versions of GPU readings, unique in the process (``next`` is atomic under the GIL):
-#: a reader made after a reload never repeats a number an engine saw from the last one.
-VERSIONS = itertools.count(1)
-
 T = TypeVar("T")
-
-#: Counter fields read every interval, in one call per GPU.
-FIELDS: dict[str, int] = {
-    "ecc_sbe_volatile": 3,
-    "ecc_dbe_volatile": 4,
-    "ecc_sbe_aggregate": 5,
-    "ecc_dbe_aggregate": 6,
-    "retired_sbe": 29,
-    "retired_dbe": 30,
-    "retired_pending": 31,
-    "nvlink_crc_flit": 38,
-    "nvlink_crc_data": 45,
-    "nvlink_replay": 52,
-    "nvlink_recovery": 59,
-    "pcie_replay": 94,
-    "remap_correctable": 142,
-    "remap_uncorrectable": 143,
-    "remap_pending": 144,
-    "remap_failure": 145,
-    "recovery_action": 230,
-}
-_VALUE_ATTRS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
-
-class NvmlUnavailable(Exception):
-    """No usable NVML here (no library, no driver, no GPUs)."""
-
-
-def preload(library: str) -> None:
-    """Load a specific libnvidia-ml.so.1 before pynvml does.
-
-    pynvml opens the bare soname; the dynamic loader hands back an object
-    already loaded under that soname, so this one is used.
-    """
-    try:
-        ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-    except OSError as exc:
-        raise NvmlUnavailable(f"cannot load {library}: {exc}") from None
-
-
-def bounded(fn: Callable[..., T], timeout: float, *args: Any) -> T:
-    """Run ``fn`` on a throwaway thread; TimeoutError if it does not return in time."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args)
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="nvml-bounded", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        name = getattr(fn, "__name__", "NVML call")
-        raise TimeoutError(f"{name} did not return in {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _nvml() -> Any:
-    import pynvml  # noqa: PLC0415 - optional: a host without it has no GPUs to watch
-
-    return pynvml
-
-
-class GpuReader:
-    """One GPU's NVML reads and latest results; run by whichever sampler thread owns it."""
-
-    def __init__(self, identity: GpuIdentity, handle: Any,
-                 on_change: Callable[[], None]) -> None:
-        #: Bumped whenever counters, telemetry or the lost flag are replaced.
-        self.version = next(VERSIONS)
-        self.identity = identity
-        self.handle = handle
-        self.on_change = on_change
-        self.counters: GpuCounters | None = None
-        self.telemetry: GpuTelemetry | None = None
-        self.lost = False
-        self.error = ""
-        #: The call in progress and when it began; set from the sampler thread.
-        self.current_call: tuple[str, float] | None = None
-        self.next_counters = 0.0
-        self.next_telemetry = 0.0
-        self._unsupported: set[str] = set()
-        self._field_ids = list(FIELDS.values())
-
-    def snapshot(self, now: float) -> GpuSnapshot:
-        call = self.current_call
-        return GpuSnapshot(
-            self.identity, self.counters, self.telemetry, self.lost,
-            call[0] if call else None, now - call[1] if call else 0.0, self.error,
-            self.version,
-        )
-
-    def read(self, now: float, counter_interval: float, slow_interval: float,
-             force: bool = False) -> None:
-        try:
-            if force or now >= self.next_counters:
-                self._sample_counters()
-                self.next_counters = now + counter_interval
-            if now >= self.next_telemetry:
-                self._sample_telemetry()
-                self.next_telemetry = now + slow_interval
-            self.error = ""
-        except Exception as exc:
-            self.error = str(exc) or type(exc).__name__
-
-    def _call(self, name: str, fn: Callable[..., T], *args: Any) -> T | None:
-        """One NVML call; None if unsupported. GPU-is-lost marks the GPU and propagates."""
-        if name in self._unsupported:
-            return None
-        nvml = _nvml()
-        self.current_call = (name, time.monotonic())
-        try:
-            return fn(self.handle, *args)
-        except nvml.NVMLError_GpuIsLost:
-            self.lost = True
-            self.version = next(VERSIONS)
-            self.error = "GPU is lost (fell off the bus)"
-            self.on_change()
-            raise
-        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
-            self._unsupported.add(name)
-            return None
-        finally:
-            self.current_call = None
-
-    def _sample_counters(self) -> None:
-        nvml = _nvml()
-        values = self._call("fields", nvml.nvmlDeviceGetFieldValues, self._field_ids)
-        counters: dict[str, int | None] = dict.fromkeys(FIELDS)
-        if values is not None:
-            for name, value in zip(FIELDS, values, strict=True):
-                if value.nvmlReturn == 0:
-                    attr = _VALUE_ATTRS.get(value.valueType, "ullVal")
-                    counters[name] = int(getattr(value.value, attr))
-        reasons = self._call("clocks_event_reasons",
-                             nvml.nvmlDeviceGetCurrentClocksEventReasons)
-        fresh = GpuCounters(counters, reasons)
-        if fresh == self.counters:
-            return  # keep the old object: "nothing new" is then cheap to see
-        changed = self.counters is not None
-        self.counters = fresh
-        self.version = next(VERSIONS)
-        if changed:
-            self.on_change()
-
-    def _sample_telemetry(self) -> None:
-        nvml = _nvml()
-        call = self._call
-        power = call("power", nvml.nvmlDeviceGetPowerUsage)
-        limit = call("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit)
-        util = call("utilization", nvml.nvmlDeviceGetUtilizationRates)
-        memory = call("memory", nvml.nvmlDeviceGetMemoryInfo)
-        up = None
-        if self.identity.nvlinks:
-            states = [call(f"nvlink{link}", nvml.nvmlDeviceGetNvLinkState, link)
-                      for link in range(self.identity.nvlinks)]
-            up = sum(1 for s in states if s)
-        listed = call("processes", nvml.nvmlDeviceGetComputeRunningProcesses)
-        processes = listed or []
-        fresh = GpuTelemetry(
-            temperature_c=call("temperature", nvml.nvmlDeviceGetTemperature,
-                               nvml.NVML_TEMPERATURE_GPU),
-            power_w=power / 1000 if power is not None else None,
-            power_limit_w=limit / 1000 if limit is not None else None,
-            sm_clock_mhz=call("sm_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
-            max_sm_clock_mhz=call("max_sm_clock", nvml.nvmlDeviceGetMaxClockInfo,
-                                  nvml.NVML_CLOCK_SM),
-            mem_clock_mhz=call("mem_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM),
-            util_gpu=util.gpu if util is not None else None,
-            util_mem=util.memory if util is not None else None,
-            mem_total=memory.total if memory is not None else None,
-            mem_used=memory.used if memory is not None else None,
-            pcie_gen=call("pcie_gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration),
-            pcie_width=call("pcie_width", nvml.nvmlDeviceGetCurrPcieLinkWidth),
-            nvlinks_up=up,
-            processes=tuple(GpuProcess(p.pid, p.usedGpuMemory or 0) for p in processes),
-            processes_read=listed is not None,
-        )
-        if fresh != self.telemetry:
-            self.telemetry = fresh
-            self.version = next(VERSIONS)
 
 
 class GpuSampler(threading.Thread):
@@ -304,7 +109,7 @@ class EventWatcher(threading.Thread):
         self._halt.set()
 
     def _register(self, exclude: set[int]) -> Any:
-        nvml = _nvml()
+        nvml = nvml_module()
         event_set = nvml.nvmlEventSetCreate()
         self.registered = {}
         for index, handle in self.handles.items():
@@ -321,7 +126,7 @@ class EventWatcher(threading.Thread):
 
     def run(self) -> None:
         set_os_thread_name(self.name)
-        nvml = _nvml()
+        nvml = nvml_module()
         lost: set[int] = set()
         event_set = None
         try:
@@ -352,7 +157,7 @@ class EventWatcher(threading.Thread):
                     nvml.nvmlEventSetFree(event_set)
 
     def _lost(self) -> set[int]:
-        nvml = _nvml()
+        nvml = nvml_module()
         gone = set()
         for index, handle in self.handles.items():
             try:
@@ -383,7 +188,7 @@ class Nvml:
 
     def start(self) -> None:
         try:
-            nvml = _nvml()
+            nvml = nvml_module()
         except ImportError:
             raise NvmlUnavailable("nvidia-ml-py (pynvml) is not installed") from None
         timeout = self.call_timeout * 5  # the first init can be slow on a big host
@@ -419,7 +224,7 @@ class Nvml:
 
     @staticmethod
     def _identity(index: int, handle: Any) -> GpuIdentity:
-        nvml = _nvml()
+        nvml = nvml_module()
 
         def optional(fn: Callable[..., T], *args: Any) -> T | None:
             try:
@@ -498,4 +303,4 @@ class Nvml:
             if thread is not None:
                 thread.join(timeout=self.call_timeout)
         with contextlib.suppress(Exception):
-            bounded(_nvml().nvmlShutdown, self.call_timeout)
+            bounded(nvml_module().nvmlShutdown, self.call_timeout)

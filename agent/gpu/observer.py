@@ -10,12 +10,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from agent.config import AgentConfig
 from agent.gpu.jobs import JobResolver
 from agent.gpu.nvml import Nvml, NvmlUnavailable, preload
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.types import GpuSample, JobRef, gpu_class_of
-from agent.observers.base import FeatureAbsent, Observer, register
+from agent.observers.base import FeatureAbsent, Observer
 
 #: Observation numbers, unique in the process, so an observer started by a reload
 #: never repeats one the engine already stepped on.
@@ -91,11 +90,5 @@ class GpuObserver(Observer):
             self.nvml.stop()
             self.nvml = None
 
-
-def _factory(cfg: AgentConfig) -> Observer:
-    return GpuObserver(cfg.observers.gpu)
-
-
-register("gpu", _factory, enabled=lambda cfg: cfg.observers.gpu.enabled)
 
 __all__ = ["GpuObserver"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from agent.gpu.actions import Action
+from agent.conditions import Action
 
 
 class Effect(StrEnum):

@@ -1,26 +1,27 @@
 """The host domain's operator commands: ``drain`` and ``undrain`` (the whole host,
-or with ``gpu`` one GPU, which is validation's)."""
+or with ``gpu`` one GPU, which is validation's: the daemon hands its drain in)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.validation import commands as validation_commands
 from harmonaize.opsocket import Command, CommandError
 
 
-class Shell(validation_commands.Shell, Protocol):
+class Shell(Protocol):
     drained: str | None
 
 
-def commands(shell: Shell, step_now: Callable[[], None]) -> dict[str, Command]:
+def commands(shell: Shell, step_now: Callable[[], None],
+             drain_gpu: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Command]:
     """``step_now``: run a pass at once, so the summary the controller gets (and
-    the answer) already says the host is (un)drained."""
+    the answer) already says the host is (un)drained. ``drain_gpu``: validation's
+    drain of one GPU."""
 
     def drain(args: dict[str, Any]) -> dict[str, Any]:
         if args.get("gpu") is not None:
-            result = validation_commands.drain_gpu(shell, args)
+            result = drain_gpu(args)
             step_now()
             return result
         reason = args.get("reason", "drained by operator")

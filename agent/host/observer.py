@@ -12,10 +12,9 @@ import os
 
 import psutil
 
-from agent.config import AgentConfig
 from agent.host.types import HostSample
 from agent.kernel.sysfs import ProcFile
-from agent.observers.base import Observer, register
+from agent.observers.base import Observer
 
 
 def parse_meminfo(text: str) -> tuple[int, int]:
@@ -72,9 +71,3 @@ class HostObserver(Observer):
         self._stat.close()
         self._meminfo.close()
 
-
-def _factory(cfg: AgentConfig) -> Observer:
-    return HostObserver(cfg.observers.host.interval)
-
-
-register("host", _factory, enabled=lambda cfg: cfg.observers.host.enabled)

@@ -7,11 +7,15 @@ module imports, read when an observer is built: a domain's observer module impor
 """
 
 import agent.gpu.observer
-import agent.host.observer  # gpu and host register themselves
+import agent.host.observer
 import agent.links.observer
 import agent.rdma.observer
 from agent.observers.base import FeatureAbsent, Observer, ObserverSet, register, registered
 
+register("gpu", lambda cfg: agent.gpu.observer.GpuObserver(cfg.observers.gpu),
+         enabled=lambda cfg: cfg.observers.gpu.enabled)
+register("host", lambda cfg: agent.host.observer.HostObserver(cfg.observers.host.interval),
+         enabled=lambda cfg: cfg.observers.host.enabled)
 register("links", lambda cfg: agent.links.observer.LinksObserver(cfg.observers.links),
          enabled=lambda cfg: cfg.observers.links.enabled)
 register("rdma", lambda cfg: agent.rdma.observer.RdmaObserver(cfg.observers.rdma),

@@ -8,8 +8,9 @@ the host comes back in another boot, a validation decides: a pass releases the G
 fail latches RMA, which only an operator clears. Time and the boot id are parameters;
 nothing here reads a clock or does I/O.
 
-Every move of a GPU's remediation is one row of ``TRANSITIONS``; a move not in it is a
-bug and raises.
+Every move of a GPU's remediation is one row of ``TRANSITIONS``, the table of the
+``remediation`` machine (:mod:`harmonaize.statemachine`); a move not in it raises a
+``ValueError`` (an operator's command that does not fit the phase is answered with it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from agent.remediation.types import (
     Would,
 )
 from harmonaize.messages import Hold, HoldKind
+from harmonaize.statemachine import Machine
 
 HOUR = 3600.0
 #: Phases in which a GPU left quarantine for a validation that has not yet spoken.
@@ -82,6 +84,10 @@ TRANSITIONS: dict[tuple[Phase | None, Event], Phase | None] = {
                      Phase.AFTER_REBOOT)},
 }
 
+#: The table as a machine (None: no remediation under way for the GPU).
+REMEDIATION: Machine[Phase | None, Event] = Machine(
+    "remediation", TRANSITIONS, states=(None, *Phase), events=tuple(Event))
+
 
 class RemediationEngine:
     def __init__(self, settings: Settings, records: Iterable[Record] = (),
@@ -108,9 +114,9 @@ class RemediationEngine:
               **fields: object) -> Record | None:
         record = self.records.get(uuid)
         phase = record.phase if record is not None else None
-        if (phase, event) not in TRANSITIONS:
+        if not REMEDIATION.legal(phase, event):
             raise ValueError(f"remediation: no move from {phase} on {event.value}")
-        nxt = TRANSITIONS[(phase, event)]
+        nxt = REMEDIATION.move(phase, event)
         self.changed.add(uuid)
         if nxt is None:
             self.records.pop(uuid, None)

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agent.gpu.health import GpuView
+from agent.gpu.interface import GpuView
 from agent.remediation.engine import RemediationEngine
 from agent.remediation.settings import RemediationMode, RemediationSection, render_reset
 from agent.remediation.types import (
@@ -35,9 +35,7 @@ from agent.remediation.types import (
     Validate,
     Would,
 )
-from agent.validation.checks import Outcome
-from agent.validation.runner import Verdict
-from agent.validation.service import ValidationService
+from agent.validation.interface import Outcome, Validation, Verdict
 from harmonaize.logs import one_line
 from harmonaize.messages import Hold
 
@@ -74,7 +72,7 @@ def seen(views: Iterable[GpuView]) -> list[GpuSeen]:
 
 
 class RemediationService:
-    def __init__(self, cfg: RemediationSection, validation: ValidationService,
+    def __init__(self, cfg: RemediationSection, validation: Validation,
                  wake: Callable[[], None]) -> None:
         self.cfg = cfg
         self.validation = validation

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from agent.gpu.actions import RECOVERY_ACTIONS, Action
-from agent.gpu.health import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL
-from agent.gpu.types import GpuSnapshot
+from agent.conditions import RECOVERY_ACTIONS, Action
+from agent.gpu.interface import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, GpuSnapshot
 
 
 class Outcome(StrEnum):

@@ -1,22 +1,28 @@
 """The validation domain's operator commands: ``validate``, ``validations``,
-``release``, and ``drain`` of one GPU (the host's drain is the host domain's)."""
+``release``, and ``drain`` of one GPU (the host's drain is the host domain's, which
+the daemon hands :func:`drain_gpu`).
+
+The daemon (composition) hands in the GPUs as the last pass saw them.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.gpu.commands import gpu_views
+from agent.gpu.interface import GpuView
 from harmonaize.opsocket import Command, CommandError
 
 if TYPE_CHECKING:
-    from agent.step import HealthStep
     from agent.validation.service import ValidationService
+
+#: The GPUs as the last pass saw them.
+Views = Callable[[], tuple[GpuView, ...]]
 
 
 class Shell(Protocol):
     validation: ValidationService | None
-    last_step: HealthStep | None
 
 
 def service(shell: Shell) -> ValidationService:
@@ -25,9 +31,9 @@ def service(shell: Shell) -> ValidationService:
     return shell.validation
 
 
-def commands(shell: Shell) -> dict[str, Command]:
+def commands(shell: Shell, views: Views) -> dict[str, Command]:
     def validate(args: dict[str, Any]) -> dict[str, Any]:
-        return service(shell).command_validate(args, gpu_views(shell.last_step))
+        return service(shell).command_validate(args, views())
 
     def validations(args: dict[str, Any]) -> dict[str, Any]:
         running = service(shell)
@@ -36,7 +42,7 @@ def commands(shell: Shell) -> dict[str, Command]:
                 "remediation": running.history.remediation_steps(args.get("limit", 50))}
 
     def release(args: dict[str, Any]) -> dict[str, Any]:
-        return service(shell).command_release(args, gpu_views(shell.last_step), time.time())
+        return service(shell).command_release(args, views(), time.time())
 
     return {
         "validate": Command(validate, "validate a GPU (gpu, level) or the host", changes=True),
@@ -46,5 +52,5 @@ def commands(shell: Shell) -> dict[str, Command]:
     }
 
 
-def drain_gpu(shell: Shell, args: dict[str, Any]) -> dict[str, Any]:
-    return service(shell).command_drain(args, gpu_views(shell.last_step), time.time())
+def drain_gpu(shell: Shell, views: Views, args: dict[str, Any]) -> dict[str, Any]:
+    return service(shell).command_drain(args, views(), time.time())

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from agent.gpu.types import JobRef
+from agent.gpu.interface import JobRef
 
 #: Triggers that an operator asked for: exempt from cooldowns.
 OPERATOR_TRIGGERS = frozenset({"operator", "release"})

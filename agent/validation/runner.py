@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agent.gpu.actions import Action, worst
+from agent.conditions import Action, worst
 from agent.validation import baseline
 from agent.validation.checks import (
     PARSERS,

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.gpu.actions import Action
-from agent.gpu.health import GpuHealthEngine, GpuState, GpuView
+from agent.conditions import Action
+from agent.gpu.interface import GpuEvent, GpuState, GpuStates, GpuView
 from agent.validation.checks import CommandSpec, Outcome, StaticLimits, Target
 from agent.validation.history import History, Quarantine
 from agent.validation.planner import Device, Plan, Planner, PlannerSettings
@@ -67,7 +67,7 @@ class ValidationService:
         self,
         cfg: ValidationSection,
         state_dir: str | Path,
-        engine: GpuHealthEngine,
+        engine: GpuStates,
         *,
         retired_pages_limit: int,
         publish: Callable[[Message], None],
@@ -234,7 +234,7 @@ class ValidationService:
             if view is None:
                 continue  # the GPU is gone (replaced?): nothing to hold
             self.engine.quarantine(view.index, f"{quarantine.reason} (recorded)", now,
-                                   Action(quarantine.action))
+                                   Action(quarantine.action), GpuEvent.QUARANTINE_RESTORED)
 
     # --- verdicts -------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, ClassVar
 
-from agent.gpu.actions import Action
+from agent.conditions import Action
 from harmonaize.schema import Fraction, Ident, Len, Name, Num, Str
 
 Level = Annotated[int, Num(1, 3)]

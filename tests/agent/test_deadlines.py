@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.gpu.health import FULL_EVALUATION, GpuHealthEngine, _Gpu
+from agent.gpu.health import FULL_EVALUATION, GpuHealthEngine
+from agent.gpu.record import GpuRecord as _Gpu
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.types import XID_EVENT, GpuSample, JobRef, NvmlEvent
 from agent.links.health import LevelHold, LinkHealthEngine, LinkView

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.gpu.actions import Action
+from agent.conditions import Action
 from agent.gpu.health import GpuState, GpuView
 from agent.step import holds_of
 from harmonaize.messages import (

@@ -66,7 +66,7 @@ def test_a_link_keeps_its_level_and_takes_the_new_hold() -> None:
 def test_gpu_states_survive_new_rules_and_are_judged_again() -> None:
     engine = HostHealthEngine(ObserversSection())
     engine.step(Observations(), 0.0)
-    from agent.gpu.health import _Gpu  # noqa: PLC0415
+    from agent.gpu.record import GpuRecord as _Gpu  # noqa: PLC0415
 
     engine.gpus.gpus[7] = _Gpu(7)
     engine.gpus.quarantine(7, "fan noise", 1.0)

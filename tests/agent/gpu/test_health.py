@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.gpu.actions import Action
+from agent.conditions import Action
 from agent.gpu.health import GpuHealthEngine, GpuState
 from agent.gpu.nvml import FIELDS, VERSIONS
 from agent.gpu.observer import SAMPLES

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from agent.gpu.actions import Action
+from agent.conditions import Action
 from agent.gpu.nvml import FIELDS
 from agent.gpu.types import GpuCounters, GpuIdentity, GpuSnapshot, GpuTelemetry, JobRef
 from agent.validation import baseline
