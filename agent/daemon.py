@@ -3,11 +3,10 @@
 All decisions live in the domains' sans-I/O engines (:mod:`agent.step`, which
 steps the GPU and link engines, the tuning loop, validation's planner) and
 :mod:`agent.outbox`; each domain's operator commands live in its ``commands``
-module. This module owns the clock, the sockets, signals and systemd notification.
+module. This module owns the clock, the sockets, signals and systemd notification;
+its operator commands and reload are :mod:`agent.daemoncommands`, its side of the
+controller :mod:`agent.daemonmessages`.
 """
-
-# Over 400 lines because the shell owns every clock, socket and signal of the agent; the
-# decisions and the commands are in the domains, what is left is their wiring.
 
 from __future__ import annotations
 
@@ -15,58 +14,39 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import signal
 import socket
 import time
 from collections import Counter
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
 
-from agent import config as agent_config
 from agent import selfmetrics
 from agent.config import AgentConfig
+from agent.daemoncommands import OperatorCommands
+from agent.daemonmessages import ControllerMessages
 from agent.declarations import Declarations
-from agent.energy import commands as energy_commands
 from agent.energy.service import EnergyService
-from agent.gpu import commands as gpu_commands
-from agent.gpu.health import GpuState, GpuStep, GpuView
-from agent.host import commands as host_commands
-from agent.links import commands as link_commands
+from agent.gpu.health import GpuState
 from agent.observations import Observations
 from agent.observers import ObserverSet
-from agent.rdma import commands as rdma_commands
 from agent.rdma.service import RdmaCcService
-from agent.remediation import commands as remediation_commands
 from agent.remediation.service import RemediationService
 from agent.spool import Spool
 from agent.step import HealthStep, HostHealthEngine, Republisher
-from agent.tuning import commands as tuning_commands
 from agent.tuning.service import TuningService
 from agent.uplink import Uplink
-from agent.validation import commands as validation_commands
 from agent.validation.service import ValidationService
-from harmonaize import __version__, keys
-from harmonaize.config import ConfigError
 from harmonaize.exhaustion import AcceptExhaustion
 from harmonaize.logs import one_line
 from harmonaize.messages import (
-    Hello,
-    HostEvent,
     HostSummary,
-    JobDeclaration,
-    Message,
-    Severity,
-    TuningArm,
-    TuningResolve,
-    ValidationDecision,
 )
 from harmonaize.metrics import MetricsServer, Registry
-from harmonaize.opsocket import Command, CommandError, OperatorSocket
-from harmonaize.schema import to_plain
+from harmonaize.opsocket import OperatorSocket
 from harmonaize.sdnotify import Notifier
 from harmonaize.threads import set_os_thread_name
 
@@ -78,7 +58,7 @@ MIN_STEP_GAP = 0.002
 OUT_OF_SERVICE = frozenset({GpuState.VALIDATING, GpuState.QUARANTINED, GpuState.LOST})
 
 
-class AgentDaemon:
+class AgentDaemon(OperatorCommands, ControllerMessages):
     def __init__(self, cfg: AgentConfig, cfg_path: Path | None = None) -> None:
         self.cfg = cfg
         self.cfg_path = cfg_path
@@ -136,33 +116,7 @@ class AgentDaemon:
             return self.cfg.agent.gpu_class
         return getattr(self.observers.get("gpu"), "gpu_class", "none")
 
-    def _hello(self, acked: int) -> Hello:
-        return Hello(
-            pool=self.cfg.agent.pool,
-            gpu_class=self.gpu_class,
-            gpus=self.summary.gpus.total if self.summary else 0,
-            version=__version__,
-            epoch=self.epoch,
-            acked=acked,
-            heartbeat=self.cfg.controller.heartbeat,
-        )
 
-    def _uplink_keys(self) -> tuple[keys.KeyPair, bytes] | None:
-        section = self.cfg.controller
-        if not section.endpoint or not section.server_key:
-            if section.endpoint:
-                log.warning("connecting to the controller without CurveZMQ "
-                            "(controller.server_key is empty)")
-            return None
-        try:
-            return keys.load_pair(section.secret_key), keys.load_public(section.server_key)
-        except keys.KeyFileError as exc:
-            directory = Path(section.secret_key).parent
-            raise RuntimeError(
-                f"{exc} (make this host's pair with: harmonctl keygen --dir {directory} agent; "
-                f"then copy {directory}/agent.key to the controller as "
-                f"agents/{self.host_id}.key. Or set controller.server_key = \"\" for a "
-                "controller without authentication)") from None
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -296,68 +250,6 @@ class AgentDaemon:
         self.observers.stop_all()
         self.notifier.close()
 
-    def reload(self) -> str | None:
-        """SIGHUP: re-read the configuration; a bad file keeps the running one.
-
-        Returns the error that refused the new file, if any.
-        """
-        self.notifier.reloading()
-        try:
-            new, _ = agent_config.load(self.cfg_path)
-        except ConfigError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
-            self.notifier.notify("READY=1", f"STATUS=reload failed: {exc}")
-            return str(exc)
-        restart_needed = [
-            key
-            for key, old, fresh in (
-                ("agent.host_id", self.cfg.agent.host_id, new.agent.host_id),
-                ("socket", self.cfg.socket, new.socket),
-                ("controller.endpoint", self.cfg.controller.endpoint, new.controller.endpoint),
-                ("controller.endpoints", self.cfg.controller.endpoints,
-                 new.controller.endpoints),
-                ("agent.state_dir", self.cfg.agent.state_dir, new.agent.state_dir),
-                ("tuning", self.cfg.tuning, new.tuning),
-                ("energy.enabled", self.cfg.energy.enabled, new.energy.enabled),
-                ("remediation.enabled", self.cfg.remediation.enabled,
-                 new.remediation.enabled),
-                ("rdma", self.cfg.rdma, new.rdma),
-                ("metrics.listen", self.cfg.metrics.listen, new.metrics.listen),
-            )
-            if old != fresh
-        ]
-        if restart_needed:
-            log.warning("changes to %s take effect at the next restart", ", ".join(restart_needed))
-        live, io = agent_config.changes(self.cfg.observers, new.observers)
-        if io:
-            # What the observers were started with (a library, interfaces, a mode):
-            # they restart. The engines live on either way, so GPU states and
-            # quarantines, conditions and link levels are never lost to a reload.
-            log.info("restarting the observers: %s changed", ", ".join(io))
-            self.observers.stop_all()
-            self.observers = ObserverSet.from_config(new, wake=self._wake)
-            self._bind_job_groups()
-            self.observers.start_all()
-        if live or io:
-            self.health.configure(new.observers)
-            if self.validation is not None:
-                self.validation.configure(new.observers.gpu.retired_pages_limit)
-            if self.tuning is not None:
-                self.tuning.configure(new.observers.links)
-        if self.remediation is not None and new.remediation != self.cfg.remediation:
-            self.remediation.configure(new.remediation)
-            log.info("applied the new [remediation] settings")
-        if self.energy is not None and new.energy != self.cfg.energy:
-            self.energy.configure(new.energy)
-            log.info("applied the new [energy] settings to the running loop")
-        if live:
-            log.info("applied %s to the running rules", ", ".join(live))
-        self.republisher.refresh = new.controller.summary_refresh
-        logging.getLogger().setLevel(new.agent.log_level.value.upper())
-        self.cfg = new
-        self.notifier.notify("READY=1", f"STATUS={self._status_line()}")
-        log.info("configuration reloaded from %s", self.cfg_path or "built-in defaults")
-        return None
 
     # --- the sampling loop ---------------------------------------------------------------
 
@@ -467,52 +359,11 @@ class AgentDaemon:
         nvml = getattr(self.observers.get("gpu"), "nvml", None)
         return {r.identity.uuid: r.handle for r in nvml.readers} if nvml is not None else {}
 
-    def _publish(self, message: Message) -> None:
-        if self.uplink is not None:
-            self.uplink.publish(message)
 
-    def _declared(self, declaration: JobDeclaration) -> None:
-        self._tune_declared(declaration)
-        self.declarations.receive(declaration)
 
-    def _tune_declared(self, declaration: JobDeclaration) -> None:
-        if self.tuning is None:
-            return
-        try:
-            if declaration.withdrawn:
-                if declaration.job in self.tuning.loop.jobs:
-                    self.tuning.withdraw(declaration.job, time.time())
-            else:
-                self.tuning.declare(declaration, time.time())
-        except ValueError as exc:
-            log.warning("job %s: declaration not applied to tuning: %s", declaration.job, exc)
 
-    def _tuning_message(self, message: TuningArm | TuningResolve) -> None:
-        """The controller's phases of a multi-host change, handled as they arrive
-        (not at the next pass): every millisecond of delay is headroom lost."""
-        if self.tuning is None:
-            return
-        try:
-            if isinstance(message, TuningArm):
-                self.tuning.arm(message, time.time())
-            else:
-                self.tuning.resolve(message, time.time())
-        except Exception:
-            log.exception("tuning message %s for job %s failed", message.KIND, message.job)
 
-    def _validation_answer(self, decision: ValidationDecision) -> None:
-        """A tenant's answer to a validation notice, applied as it arrives."""
-        if self.validation is not None:
-            self.validation.answer(decision, time.time())
-            self._wake()
 
-    def _emit(self, event: HostEvent) -> None:
-        level = logging.WARNING if event.severity is not Severity.INFO else logging.INFO
-        log.log(level, "event %s %s", event.reason, event.message)
-        self.events_logged += 1
-        self.events_by_reason[event.reason] += 1
-        if self.uplink is not None:
-            self.uplink.publish(event)
 
     def _feed_watchdog(self) -> None:
         interval = self.notifier.watchdog_interval
@@ -521,81 +372,12 @@ class AgentDaemon:
             self.notifier.watchdog()
             self._last_watchdog = now
 
-    def _status_line(self) -> str:
-        running = sum(1 for r in self.observers.records.values() if r.state.value == "running")
-        target = (self.uplink.endpoint if self.uplink is not None
-                  else self.cfg.controller.endpoint or "no controller")
-        return (
-            f"sampling {running} observer(s) every {self.cfg.agent.interval * 1000:.0f} ms; "
-            f"{target}"
-        )
 
     # --- operator commands ---------------------------------------------------------------
 
-    def _commands(self) -> dict[str, Command]:
-        """The daemon's own commands, then each domain's (in the order ``help`` lists)."""
-        return {
-            "status": Command(self._cmd_status, "agent, observers, health and uplink"),
-            **link_commands.commands(self.observers, self._links_pass),
-            **rdma_commands.commands(self, lambda: self.observations.rdma),
-            **gpu_commands.commands(self, self._last_gpu_pass),
-            **energy_commands.commands(self),
-            **host_commands.commands(self, lambda: self._step(time.time()), self._drain_gpu),
-            "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
-            **validation_commands.commands(self, self._gpu_views),
-            **remediation_commands.commands(self),
-            **tuning_commands.commands(self, self._declared),
-        }
 
-    def _links_pass(self) -> link_commands.LinksPass:
-        """The latest pass as the ``links`` command shows it."""
-        step = self.last_step
-        return link_commands.LinksPass(
-            self.observations.links, self.observations.rdma,
-            step.links.links if step else (), step.summary.links if step else None)
 
-    def _last_gpu_pass(self) -> tuple[HostSummary | None, GpuStep | None]:
-        step = self.last_step
-        return (step.summary, step.gpus) if step is not None else (None, None)
 
-    def _gpu_views(self) -> tuple[GpuView, ...]:
-        return self.last_step.gpus.gpus if self.last_step is not None else ()
 
-    def _drain_gpu(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``drain`` with ``gpu``: the host's command, validation's work."""
-        return validation_commands.drain_gpu(self, self._gpu_views, args)
 
-    def _cmd_status(self, args: dict[str, Any]) -> dict[str, Any]:
-        self.observers.refresh_details()
-        summary = self.summary
-        return {
-            "host_id": self.host_id,
-            "pool": self.cfg.agent.pool,
-            "gpu_class": self.gpu_class,
-            "version": __version__,
-            "pid": os.getpid(),
-            "uptime_seconds": round(time.monotonic() - self.started_at, 3),
-            "ready": self.ready,
-            "config": str(self.cfg_path) if self.cfg_path else None,
-            "interval_seconds": self.cfg.agent.interval,
-            "loop": {
-                "passes": self.passes,
-                "woken": self.woken_steps,
-                "overruns": self.overruns,
-                "last_pass_seconds": round(self.last_pass_seconds, 6),
-            },
-            "health": summary.health.value if summary else None,
-            "schedulable": summary.schedulable if summary else None,
-            "conditions": [to_plain(c) for c in summary.conditions] if summary else [],
-            "holds": [to_plain(h) for h in summary.holds] if summary else [],
-            "observers": [r.as_dict() for r in self.observers.records.values()],
-            "uplink": self.uplink.status() if self.uplink else None,
-            "socket": asdict(self.opsocket.stats),
-            "validation": self.validation.status() if self.validation else None,
-        }
 
-    def _cmd_reload(self, args: dict[str, Any]) -> dict[str, Any]:
-        error = self.reload()
-        if error is not None:
-            raise CommandError(f"reload refused, running configuration kept: {error}")
-        return {"config": str(self.cfg_path) if self.cfg_path else None}
