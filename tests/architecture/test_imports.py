@@ -166,6 +166,13 @@ def test_the_checks_see_a_cross_domain_import(tmp_path: Path) -> None:
     assert allowed_for_domain("links", "agent.kernel.tc")
     assert allowed_for_domain("gpu", "harmonaize.messages")
     planted = tmp_path / "planted.py"
-    planted.write_text("from agent.gpu.health import GpuState\nimport testbed.netns\n")
+    planted.write_text("from agent.gpu.health import GpuState\nimport testbed.netns\n"
+                       "def f():\n    import tests.daemons as d\n"
+                       "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                       "    from tests.conftest import python\n"
+                       "import testbedding\nfrom harmonaize import tests\n")
     names = {name for _line, name in imported(planted)}
-    assert "agent.gpu.health" in names and "testbed.netns" in names
+    assert {"agent.gpu.health", "testbed.netns", "tests.daemons", "tests.conftest"} <= names
+    harness = {name for name in names if any(under(name, h) for h in HARNESS)}
+    assert {"testbed.netns", "tests.daemons", "tests.conftest"} <= harness
+    assert not harness & {"testbedding", "harmonaize.tests"}

@@ -1,6 +1,6 @@
-"""The shared trees' layout (harmonaize/, sim/, testbed/, fuzz/): modules small enough to
-read, the installed packages free of the test harness, and the splits that made them so
-(the wire vocabulary by family, harmonctl by part, the simulator by model step) whole.
+"""The shared trees' splits (the wire vocabulary by family, harmonctl by part, the
+simulator by model step) whole: every name where it was, every kind registered once,
+every subcommand offered (sizes and the harness's imports: test_sizes.py, test_imports.py).
 
 Read from the source where the rule is about the source; run as real processes where it
 is about what runs (``python -m``).
@@ -35,64 +35,6 @@ pytestmark = pytest.mark.architecture
 ROOT = Path(__file__).resolve().parents[2]
 #: The trees this layout's rules cover; the first four are installed or imported by the
 #: daemons, testbed/ and fuzz/ are the harness around them.
-SHARED_TREES = ("harmonaize", "sim", "testbed", "fuzz")
-INSTALLED = ("agent", "controller", "harmonaize", "sim")
-HARNESS = ("testbed", "tests")
-LIMIT = 400
-#: What a module over the limit must say near its top.
-WHY = "Over 400 lines because"
-
-
-def modules(*trees: str) -> list[Path]:
-    return sorted(p for tree in trees for p in (ROOT / tree).rglob("*.py")
-                  if "node_modules" not in p.parts)
-
-
-def imported(text: str) -> set[str]:
-    """Every module ``text`` imports, wherever the import stands (in a function, under
-    ``if TYPE_CHECKING:``: a dependency all the same)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-    return found
-
-
-def from_the_harness(text: str) -> set[str]:
-    return {name for name in imported(text) if name.split(".")[0] in HARNESS}
-
-
-@pytest.mark.foundation
-@pytest.mark.parametrize("path", modules(*SHARED_TREES), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_shared_module_is_over_400_lines_unless_it_says_why(path: Path) -> None:
-    text = path.read_text()
-    lines = text.count("\n")
-    head = "\n".join(text.splitlines()[:40])
-    assert lines <= LIMIT or WHY in head, (
-        f"{path.relative_to(ROOT)} has {lines} lines: split it along a seam, or say at its "
-        f"top why it must be one ({WHY!r})")
-
-
-@pytest.mark.foundation
-def test_the_installed_packages_import_nothing_from_the_test_harness() -> None:
-    offenders = {str(path.relative_to(ROOT)): sorted(found) for path in modules(*INSTALLED)
-                 if (found := from_the_harness(path.read_text()))}
-    assert not offenders, f"the installed packages import the test harness: {offenders}"
-
-
-@pytest.mark.foundation
-def test_the_harness_check_sees_an_import_in_a_function_and_under_type_checking() -> None:
-    """The check above would fail for each way a module could reach the harness."""
-    assert from_the_harness("from testbed.netns import Lab\n") == {"testbed.netns"}
-    assert from_the_harness("import tests.daemons as d\n") == {"tests.daemons"}
-    assert from_the_harness("def f():\n    import testbed\n") == {"testbed"}
-    assert from_the_harness("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                            "    from tests.conftest import python\n") == {"tests.conftest"}
-    assert from_the_harness("import testbedding\nfrom harmonaize import tests\n") == set()
-
-
 def family_modules() -> list[str]:
     return [f"harmonaize.messages.{info.name}"
             for info in pkgutil.iter_modules(messages.__path__)]

@@ -1,7 +1,6 @@
 """A GPU's states as one table: every move of it, the engine and validation sending
-events through it, illegal moves counted at the agent's metrics endpoint, and the
-layout of the GPU-side domains (imports through interfaces, one visit per domain on
-an XID's way, no module over 400 lines)."""
+events through it, illegal moves counted at the agent's metrics endpoint (the XID's
+way through the domains: tests/architecture/test_gpu_domains.py)."""
 
 from __future__ import annotations
 
@@ -23,10 +22,6 @@ from agent.gpu.health import GpuHealthEngine
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.states import GPU, GpuEvent, GpuState
 from agent.gpu.types import GpuProcess
-from agent.observations import Observations
-from agent.remediation.engine import REMEDIATION, TRANSITIONS, RemediationEngine
-from agent.remediation.types import Phase, Record, Settings
-from agent.step import HostHealthEngine
 from agent.validation.service import ValidationService
 from agent.validation.settings import CommandSection, ValidationSection
 from harmonaize import statemachine
@@ -318,25 +313,6 @@ def test_each_xid_is_an_event_by_its_effect_and_a_reload_judges_every_gpu_again(
     assert engine.cfg is new and engine.changed and engine.next_deadline() == float("-inf")
 
 
-@pytest.mark.scheduler
-def test_the_remediation_table_is_a_machine_and_every_move_off_it_is_refused() -> None:
-    assert dict(REMEDIATION.moves) == TRANSITIONS
-    assert set(REMEDIATION.states) == {None, *Phase}
-    refused = 0
-    for phase, event in REMEDIATION.pairs():
-        engine = RemediationEngine(Settings(), [] if phase is None
-                                   else [Record("GPU-2", 2, phase)])
-        if REMEDIATION.legal(phase, event):
-            moved = engine._move("GPU-2", event, gpu=2)
-            assert (moved.phase if moved else None) is TRANSITIONS[(phase, event)]
-        else:
-            refused += 1
-            with pytest.raises(ValueError, match="remediation: no move from"):
-                engine._move("GPU-2", event, gpu=2)
-            assert engine.changed == set()  # refused: nothing to persist
-    assert refused == len(REMEDIATION.states) * len(REMEDIATION.events) - len(TRANSITIONS)
-
-
 def test_an_illegal_move_in_production_changes_nothing_and_is_counted() -> None:
     engine = GpuHealthEngine(GpuObserverSection())
     engine.step(sample(counters(), xids=(79,)), 1.0)  # xid 79: the GPU is lost
@@ -382,106 +358,3 @@ def test_illegal_transitions_are_exported_at_the_agents_metrics_endpoint(
     assert value(families, "harmonaize_agent_illegal_transitions_total",
                  machine="remediation") == 0
     assert "gpu: no move from" in log.read_text()
-
-
-# --- item 2: domains side by side ----------------------------------------------------
-
-MINE = ("gpu", "validation", "remediation", "host", "energy")
-DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy")
-COMPOSITION = {"agent.config", "agent.observations", "agent.step", "agent.daemon",
-               "agent.main", "agent.selfmetrics", "agent.uplink", "agent.outbox",
-               "agent.spool", "agent.declarations", "agent.observers"}
-
-
-def imports_of(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):  # TYPE_CHECKING blocks included
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return found
-
-
-def offences(domain: str) -> list[str]:
-    bad = []
-    for path in sorted((ROOT / "agent" / domain).rglob("*.py")):
-        for module in imports_of(path):
-            parts = module.split(".")
-            if parts[0] != "agent":
-                continue
-            other = parts[1] if len(parts) > 1 else ""
-            if other in DOMAINS and other != domain and parts[2:3] != ["interface"]:
-                bad.append(f"{path.relative_to(ROOT)} imports {module}")
-            if module in COMPOSITION:  # agent.observers.base is the shared framework
-                bad.append(f"{path.relative_to(ROOT)} imports {module} (composition)")
-    return bad
-
-
-@pytest.mark.parametrize("domain", MINE)
-def test_gpu_side_domains_import_other_domains_only_through_their_interface(
-        domain: str) -> None:
-    assert (ROOT / "agent" / domain / "interface.py").is_file()
-    assert offences(domain) == []
-
-
-def test_the_interface_check_sees_a_reach_into_another_domain(tmp_path: Path) -> None:
-    probe = tmp_path / "probe.py"
-    probe.write_text("from agent.gpu.health import GpuState\nfrom agent.step import X\n")
-    assert imports_of(probe) == {"agent.gpu.health", "agent.step"}
-
-
-# --- item 3: an XID visits each domain once -------------------------------------------
-
-
-def domain_of(filename: str) -> str:
-    """The agent domain a code file belongs to; "step", "conditions" and the like for
-    the agent's top level and shared layers; "" outside the agent."""
-    try:
-        relative = Path(filename).resolve().relative_to(ROOT / "agent")
-    except ValueError:
-        return ""
-    parts = relative.parts
-    return parts[0] if len(parts) > 1 else relative.stem
-
-
-def test_an_xid_goes_observer_step_gpu_engine_conditions_and_visits_each_domain_once(
-) -> None:
-    """From the step on, an XID enters the GPU domain once (its engine), from the step,
-    and comes back as conditions and events; no domain calls into another."""
-    from agent.config import ObserversSection  # noqa: PLC0415
-
-    engine = HostHealthEngine(ObserversSection())
-    engine.step(Observations(gpu=sample(counters())), 1.0)
-    entries: list[tuple[str, str, str]] = []  # (caller's module, domain entered, function)
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_back is None:
-            return
-        callee = domain_of(frame.f_code.co_filename)
-        caller = domain_of(frame.f_back.f_code.co_filename)
-        if callee in DOMAINS and caller != callee:
-            entries.append((caller, callee, frame.f_code.co_name))
-
-    sys.setprofile(profile)
-    try:
-        step = engine.step(Observations(gpu=sample(counters(), xids=(79,))), 2.0)
-    finally:
-        sys.setprofile(None)
-    assert any(e.reason == "Xid" for e in step.events)
-    assert any(e.reason == "GpuLost" for e in step.events)
-    assert [e for e in entries if e[1] == "gpu"] == [("step", "gpu", "step")], entries
-    assert [e for e in entries if e[1] == "host"] == [("step", "host", "host_findings")]
-    assert {caller for caller, _, _ in entries} == {"step"}, entries
-
-
-# --- item 4: no module over 400 lines ---------------------------------------------------
-
-
-@pytest.mark.parametrize("domain", [*MINE, "kernel/nvml.py", "conditions.py"])
-def test_no_gpu_side_module_is_over_400_lines(domain: str) -> None:
-    target = ROOT / "agent" / domain
-    paths = sorted(target.rglob("*.py")) if target.is_dir() else [target]
-    over = [f"{p.relative_to(ROOT)}: {n}" for p in paths
-            if (n := len(p.read_text().splitlines())) > 400]
-    assert over == []
