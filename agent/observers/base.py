@@ -18,10 +18,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from agent.config import AgentConfig
+#: The agent's whole configuration (``agent.config.AgentConfig``), handed through to each
+#: registration, which picks its observer's section; the framework reads none of it, so
+#: it does not import the composition that sits above the domains.
+AgentConfig = Any
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ class Observer:
         """
 
 
-Factory = Callable[["AgentConfig"], Observer]
+Factory = Callable[[AgentConfig], Observer]
 
 
 @dataclass(frozen=True)
