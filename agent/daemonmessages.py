@@ -64,6 +64,11 @@ class ControllerMessages:
     def _declared(self, declaration: JobDeclaration) -> None:
         self._tune_declared(declaration)
         self.declarations.receive(declaration)
+        # The job's group may now back (or no longer back) a process's claim: its GPUs'
+        # jobs are resolved again at the next pass, not when a reading next moves.
+        gpu = self.observers.get("gpu")
+        if gpu is not None and hasattr(gpu, "judge_jobs_again"):
+            gpu.judge_jobs_again()
 
     def _tune_declared(self, declaration: JobDeclaration) -> None:
         if self.tuning is None:

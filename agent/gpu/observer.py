@@ -65,6 +65,11 @@ class GpuObserver(Observer):
             "job_claims_refused": self.resolver.refused,
         }
 
+    def judge_jobs_again(self) -> None:
+        """A job's group on this host became known or changed (a declaration): the next
+        sample resolves every process's job again, even if no reading moved since."""
+        self._last = None
+
     def sample(self, now: float) -> GpuSample:
         assert self.nvml is not None
         if self._last is not None and self.nvml.quiet_since(self._last_versions):
