@@ -13,18 +13,14 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from controller.agreement import Agreement
-from controller.cluster import Cluster
-from controller.declarations import Declarations
-from controller.notices import Notice, Notices
+from controller.corestate import CoreState
+from controller.notices import Notice
 from controller.outputs import (
     AgentPeer,
     BadFrame,
     Output,
     SendToAgent,
 )
-from controller.publications import Publications
-from controller.redaction import Redactor
 from harmonaize.messages import (
     Category,
     Envelope,
@@ -38,7 +34,7 @@ from harmonaize.messages import (
 )
 
 if TYPE_CHECKING:  # the configuration module brings the metrics server's asyncio along
-    from controller.config import ControllerConfig
+    pass
 
 
 log = logging.getLogger("harmonaize.controller")
@@ -52,20 +48,11 @@ MAX_HELD_BACK_TOLD = 1000
 ARM_QUIET = 2.0
 
 
-class AgentMessages:
+class AgentMessages(CoreState):
     """Agents' frames in, the agreement and the redactor stepped: a part of
     :class:`controller.core.ControllerCore`, which holds the state."""
 
-    # The core's state these handlers act on (set by ControllerCore.__init__).
-    cfg: ControllerConfig
-    cluster: Cluster
-    redactor: Redactor
-    agreement: Agreement
-    declarations: Declarations
-    notices: Notices
-    feed: Publications
-    storage_paused: bool
-    _held: list[Output]
+    # The core's state these handlers act on beyond CoreState's (set by ControllerCore).
     frames: int
     rejected: Counter[str]
     _reject_window: tuple[float, int]

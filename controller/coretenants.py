@@ -10,10 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from controller.agreement import Agreement
-from controller.cluster import Cluster
-from controller.declarations import Declarations, for_host
-from controller.notices import Notices
+from controller.corestate import CoreState
+from controller.declarations import for_host
 from controller.outputs import (
     AnswerTenant,
     BadFrame,
@@ -21,8 +19,6 @@ from controller.outputs import (
     SendToAgent,
     TenantPeer,
 )
-from controller.publications import Publications
-from controller.redaction import Redactor
 from harmonaize.messages import (
     Envelope,
     ErrorCode,
@@ -33,26 +29,15 @@ from harmonaize.messages import (
 )
 
 if TYPE_CHECKING:  # the configuration module brings the metrics server's asyncio along
-    from controller.config import ControllerConfig
+    pass
 
 
 log = logging.getLogger("harmonaize.controller")
 
 
-class TenantRequests:
+class TenantRequests(CoreState):
     """Tenants' requests in, declarations and answers out to the job's hosts: a part of
     :class:`controller.core.ControllerCore`, which holds the state."""
-
-    # The core's state these handlers act on (set by ControllerCore.__init__).
-    cfg: ControllerConfig
-    cluster: Cluster
-    redactor: Redactor
-    agreement: Agreement
-    declarations: Declarations
-    notices: Notices
-    feed: Publications
-    storage_paused: bool
-    _held: list[Output]
 
     if TYPE_CHECKING:  # in controller/core.py
         def _release(self) -> list[Output]: ...

@@ -32,7 +32,7 @@ ENGINES = (
     "controller.cluster", "controller.redaction", "controller.agreement", "controller.core",
     "controller.agreementphases", "controller.agreementrules", "controller.agreementstate",
     "controller.redactionconfig", "controller.poolredaction", "controller.jobredaction",
-    "controller.coreagents", "controller.coretenants",
+    "controller.coreagents", "controller.corestate", "controller.coretenants",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
     "controller.scheduler.engine", "controller.scheduler.table",
