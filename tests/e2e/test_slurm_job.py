@@ -69,6 +69,12 @@ def task_pids(path: Path, count: int) -> dict[str, int]:
     return {rank: int(pid) for rank, pid in found.items()} if len(found) >= count else {}
 
 
+def env_of(pids: Path, rank: str) -> str:
+    """What a task wrote of its environment ("" until the file is there)."""
+    path = Path(f"{pids}.env{rank}")
+    return path.read_text() if path.exists() else ""
+
+
 def test_a_job_placed_by_slurm_alone_reaches_agent_controller_and_tenant(
         spawn: Spawn, workdir: Path, make_slurm) -> None:
     controller = start_controller(spawn, workdir, admin_group="slurm",
@@ -92,7 +98,10 @@ def test_a_job_placed_by_slurm_alone_reaches_agent_controller_and_tenant(
         script="#!/bin/sh\n"
                f"/usr/bin/srun -n2 /bin/sh -c 'echo $$ $SLURM_PROCID >> {pids};"
                f" /usr/bin/env > {pids}.env$SLURM_PROCID; exec /bin/sleep 600'\n")
-    ranks = wait_until(lambda: task_pids(pids, 2), 60, "the job's two tasks")
+    # Each task writes its pid line before its environment: wait for both.
+    ranks = wait_until(lambda: (found := task_pids(pids, 2)) and all(
+        "SLURM_PROCID=" in env_of(pids, rank) for rank in found) and found, 60,
+        "the job's two tasks and their environments")
     assert not any(line.startswith("HARMONAIZE_")
                    for rank in ranks for line in Path(f"{pids}.env{rank}").read_text().split())
     # The prolog recorded the placement, in the tenant's terms, on the agent's host.
