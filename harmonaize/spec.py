@@ -22,11 +22,12 @@ from harmonaize.specschema import Builder, first_paragraph, reachable, ref
 
 #: The spec's own version: the wire version, then a revision raised whenever a kind, a
 #: field or a code is added (what a client written against an older revision ignores).
-REVISION = 2
+REVISION = 3
 VERSION = f"{m.VERSION}.{REVISION}.0"
 
 #: Kinds a tenant receives, and the requests it sends (with their answers).
-RECEIVED = ("pool-capacity", "job-advisory", "job-health", "validation-notice")
+RECEIVED = ("pool-capacity", "job-advisory", "job-health", "validation-notice",
+            "job-progress", "application-xid")
 REQUESTS = {"subscribe": "subscribed", "job-declaration": "reply",
             "validation-answer": "reply"}
 #: The feed's default limits, as docs/tenant-guide.md states them.
@@ -222,7 +223,8 @@ def document() -> dict[str, Any]:
                 "parameters": {"tenant": {"description": "you"},
                                "job": {"description": "your job, as your scheduler named "
                                        "it"}},
-                "messages": refs("job-advisory", "job-health", "validation-notice"),
+                "messages": refs("job-advisory", "job-health", "validation-notice",
+                                 "job-progress", "application-xid"),
             },
             "gateway": {
                 "address": None,

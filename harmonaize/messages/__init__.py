@@ -18,7 +18,8 @@ This package is the public import path (``from harmonaize.messages import X``); 
 re-exports every name of its modules, one per family, so callers need not know where a
 message lives: ``core`` (version, limits, registry), ``values`` (shared value types),
 ``host`` (a host's connection and summary), ``energy``, ``tuning``, ``declaration``,
-``validation`` (notices and answers), ``feed`` (the tenant's feed and requests),
+``validation`` (notices and answers), ``jobhealth`` (ranks' progress, hangs, a job's
+own XIDs), ``feed`` (the tenant's feed and requests),
 ``peers`` (which kinds each peer may send) and ``codec`` (envelope, encode, decode,
 audit). The audit hook is set on ``codec`` itself (``harmonaize/wireaudit.py``).
 """
@@ -70,6 +71,18 @@ from harmonaize.messages.host import (
     HostSummary,
     Resync,
 )
+from harmonaize.messages.jobhealth import (
+    ApplicationXid,
+    Cause,
+    CommProgress,
+    Fault,
+    Finding,
+    JobProgress,
+    JobRankProgress,
+    ProcessState,
+    ProgressState,
+    RankProgress,
+)
 from harmonaize.messages.peers import (
     AGENT_KINDS,
     CONTROLLER_KINDS,
@@ -115,15 +128,16 @@ from harmonaize.messages.values import (
 #: Every public name of the families, as before the split into modules.
 __all__ = [
     "AGENT_KINDS", "CONTROLLER_KINDS", "ERROR_MEANINGS", "FEED_KINDS", "MAGIC", "MAX_FRAME",
-    "MAX_LIST", "MAX_MAP", "MAX_STR", "TENANT_FACING", "TENANT_KINDS", "VERSION", "Ack",
-    "AckPhase", "Activation", "Advice", "Algorithm", "Bucket", "BulkTraffic", "Bytes",
-    "Category", "Channels", "Collective", "CommReport", "Condition", "Conditions", "Dscp",
-    "EnergyAllowance", "Envelope", "ErrorCode", "Goodbye", "GpuCounts", "Health", "Heartbeat",
-    "Hello", "Hold", "HoldKind", "HostEvent", "HostSummary", "JobAdvisory", "JobDeclaration",
-    "JobEnergy", "JobHealth", "Level", "LinkHealth", "Message", "NoticeAction", "NoticeStatus",
-    "PoolCapacity", "Port", "Position", "Protocol", "Refusal", "Reply", "Resync", "Severity",
-    "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend", "TuningAck",
-    "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus", "Urgency",
-    "ValidationAnswer", "ValidationDecision", "ValidationNotice", "WireError", "audit",
+    "MAX_LIST", "MAX_MAP", "MAX_STR", "TENANT_FACING", "TENANT_KINDS", "VERSION", "Ack", "AckPhase",
+    "Activation", "Advice", "Algorithm", "ApplicationXid", "Bucket", "BulkTraffic", "Bytes",
+    "Category", "Cause", "Channels", "Collective", "CommProgress", "CommReport", "Condition",
+    "Conditions", "Dscp", "EnergyAllowance", "Envelope", "ErrorCode", "Fault", "Finding", "Goodbye",
+    "GpuCounts", "Health", "Heartbeat", "Hello", "Hold", "HoldKind", "HostEvent", "HostSummary",
+    "JobAdvisory", "JobDeclaration", "JobEnergy", "JobHealth", "JobProgress", "JobRankProgress",
+    "Level", "LinkHealth", "Message", "NoticeAction", "NoticeStatus", "PoolCapacity", "Port",
+    "Position", "ProcessState", "ProgressState", "Protocol", "RankProgress", "Refusal", "Reply",
+    "Resync", "Severity", "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend",
+    "TuningAck", "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus",
+    "Urgency", "ValidationAnswer", "ValidationDecision", "ValidationNotice", "WireError", "audit",
     "auditing", "decode", "encode", "kinds", "message", "registered",
 ]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 #: What an agent sends its controller.
 AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "job-advisory",
-                         "validation-notice", "tuning-report", "tuning-ack", "goodbye"})
+                         "validation-notice", "tuning-report", "tuning-ack", "rank-progress",
+                         "application-xid", "goodbye"})
 #: What a controller sends an agent.
 CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-arm",
                               "tuning-resolve", "validation-decision"})
@@ -14,6 +15,7 @@ CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-arm",
 TENANT_KINDS = frozenset({"subscribe", "job-declaration", "validation-answer"})
 #: What the controller sends a tenant on its feed.
 FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice",
+                        "job-progress", "application-xid",
                         "subscribed", "reply"})
 #: Every kind a tenant sends or receives: what the wire audit records.
 TENANT_FACING = FEED_KINDS | TENANT_KINDS

@@ -49,6 +49,13 @@ SAMPLES: list[m.Message] = [
     m.Resync("who are you"),
     m.PoolCapacity("p1", "H200", m.Bucket(4, 7), m.Bucket(0, 0), m.Bucket(32, 63),
                    m.Trend.RISING, 3),
+    m.JobRankProgress("job-7", (m.CommProgress(
+        17, 8, 4, 1200, 1202, 3.5, m.Finding.HANG, m.Cause.PROCESS_NOT_RUNNING,
+        (m.RankProgress("3", 1200, m.ProcessState.STOPPED, m.Cause.PROCESS_NOT_RUNNING),),
+        12.5),), 10.0),
+    m.JobProgress("job-7", 17, m.Finding.HANG, m.ProgressState.ACTIVE, ("3",),
+                  m.Cause.PROCESS_NOT_RUNNING, 1201, 1_700_000_030.0),
+    m.ApplicationXid("job-7", 31, m.Fault.MEMORY_MANAGEMENT, ("3",), False, 12.0),
 ]
 
 
