@@ -25,7 +25,7 @@ ENGINES = (
     "agent.tuning.phases", "agent.tuning.entries", "agent.tuning.jobstate",
     "agent.tuning.readiness", "agent.tuning.reports", "agent.tuning.multihost",
     "agent.tuning.adoption", "agent.tuning.htbplan", "agent.plugin.policy", "agent.plugin.codec",
-    "agent.plugin.reference", "agent.plugin.stats", "harmonaize.hysteresis",
+    "agent.plugin.reference", "agent.plugin.stats", "harmonaize.hysteresis", "harmonaize.progress",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
     "agent.rdma.cc", "agent.rdma.ccparams",
     "agent.remediation.engine", "agent.remediation.types",
