@@ -38,6 +38,7 @@ from harmonaize.harmonctl.parser import (
     completion_script,
     normalize,
 )
+from harmonaize.jobhealthtables import render_job_health
 from harmonaize.rdmatables import render_rdma
 from harmonaize.schedulertables import render_scheduler
 from harmonaize.tables import fields, table
@@ -66,6 +67,7 @@ AGENT_RENDERERS: dict[str, Renderer] = {
     "gpus": render_gpus,
     "health": render_health,
     "energy": render_energy,
+    "job-health": render_job_health,
     "validations": render_validations,
     "remediation": render_remediation,
     "jobs": render_jobs,

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="why the host and each GPU are in their state, and what to do")
     sub.add_parser("energy", parents=[common],
                    help="power limits per GPU: set, original, draw, energy saved, and why")
+    job_health = sub.add_parser("job-health", parents=[common],
+                                help="jobs' communicators here: counts, finding, cause, the "
+                                "ranks behind with pid and process state")
+    job_health.add_argument("--job", default=None, help="only this job")
     drain = sub.add_parser("drain", parents=[common],
                            help="withdraw this host (or one GPU, --gpu) from capacity")
     drain.add_argument("--reason", default="drained by operator")
@@ -150,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Commands ``watch`` may repeat: they only read.
 WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "remediation",
              "hosts", "capacity", "events", "jobs", "feed", "tenants", "pools", "privacy",
-             "energy", "scheduler")
+             "energy", "scheduler", "job-health")
 
 
 #: Commands answered by harmonctl itself, without a daemon.

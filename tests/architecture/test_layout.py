@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINES = (
     "agent.step", "agent.host.rules", "agent.gpu.health", "agent.gpu.rules", "agent.gpu.record",
     "agent.gpu.states", "agent.energy.engine", "agent.energy.jobs", "agent.energy.types",
-    "agent.links.health",
+    "agent.links.health", "agent.jobhealth.engine", "agent.jobhealth.types",
     "agent.tuning.loop", "agent.tuning.policies", "agent.plugin.layout",
     "agent.tuning.phases", "agent.tuning.entries", "agent.tuning.jobstate",
     "agent.tuning.readiness", "agent.tuning.reports", "agent.tuning.multihost",
@@ -48,7 +48,8 @@ IO_MODULES = frozenset({
 CLOCKS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"),
           ("time", "time_ns"), ("time", "monotonic_ns"), ("datetime", "now")}
 
-DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy")
+DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy",
+           "jobhealth")
 #: Layers every domain may use: the kernel's interfaces, the tuner plugin's files.
 LAYERS = ("kernel", "plugin")
 #: The agent's top level besides the domains: the shell and a few shared modules.
