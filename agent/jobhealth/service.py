@@ -81,6 +81,8 @@ class JobHealthService:
         #: are still, and their processes' states are read.
         self._counts: dict[tuple[int, int, int], int] = {}
         self._seen: dict[tuple[int, int, int], int] = {}
+        #: Processes whose stats were not counted (the kernel did not tie them to the job).
+        self.processes_refused: set[tuple[int, int]] = set()
         self.uncounted = 0
         self.over_cap = 0
         self.reports = 0
@@ -159,6 +161,8 @@ class JobHealthService:
 
     def _process(self, pid: int, tag: int, job: str, budget: list[int],
                  now: float) -> Process | None:
+        """The slot's process if the kernel ties it to ``job`` (else its record, whose
+        ``job`` is None: looked at again after ``RETRY_REFUSED``, one line the first time)."""
         key = (pid, tag)
         process = self.processes.get(key)
         if process is not None and (process.job is not None or now < process.retry_at):
@@ -167,23 +171,23 @@ class JobHealthService:
             return None  # resolved at a next pass
         budget[0] -= 1
         stat = read_stat(pid, self.proc_root)
-        if stat is None:
-            return None  # not a process this host sees (another pid namespace, or gone)
-        ref = self.resolver.resolve(pid)
-        if process is None or process.job is None:
-            process = Process(pid, stat.start_time, job, None, f"pid-{pid}", stat.state)
-        if ref is None or ref.job != job:
-            if key not in self.processes:
-                self.uncounted += 1
-                log.warning("job %s: stats of process %d not counted: the kernel does not "
-                            "tie the process to the job (%s)", job, pid,
-                            f"it is job {ref.job}'s" if ref else "no job backed")
+        refused_before = self.resolver.refused
+        ref = self.resolver.resolve(pid) if stat is not None else None
+        process = Process(pid, stat.start_time if stat else -1, job, None, f"pid-{pid}",
+                          stat.state if stat else ProcessState.UNKNOWN)
+        self.processes[key] = process
+        if stat is None or ref is None or ref.job != job:
             process.retry_at = now + RETRY_REFUSED
-            self.processes[key] = process
+            if stat is not None and key not in self.processes_refused:
+                self.processes_refused.add(key)
+                self.uncounted += 1
+                if self.resolver.refused == refused_before:  # else the resolver said why
+                    log.warning("job %s: stats of process %d not counted: the kernel does "
+                                "not tie it to the job (%s)", job, pid,
+                                f"it is job {ref.job}'s" if ref else "no job backed")
             return process
         process.job, process.rank = job, ref.rank or f"pid-{pid}"
         process.retry_at = float("inf")
-        self.processes[key] = process
         return process
 
     def _refresh(self, process: Process) -> None:
@@ -209,6 +213,7 @@ class JobHealthService:
         for key in [k for k, p in self.processes.items() if p.claimed not in jobs or (
                 p.state is ProcessState.EXITED and k not in counted)]:
             del self.processes[key]  # an exited rank is the engine's to remember now
+        self.processes_refused &= set(self.processes)
 
     def _journal(self, change: Change) -> None:
         v = change.verdict
