@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.gpu.interface import JobResolver
+from agent.jobhealth.metrics import families
 from agent.jobhealth.service import JobHealthService
 from agent.jobhealth.settings import JobHealthSection
 from agent.links.settings import LinksSection
@@ -114,7 +115,11 @@ def test_item3_a_sigstopped_rank_is_a_local_hang_published_by_its_rank(ranks) ->
     assert (comm.comm, comm.n_ranks, comm.ranks_here) == (COMM, 3, 3)
     assert comm.ranks[0].rank == "1" and comm.ranks[0].process is ProcessState.STOPPED
     assert comm.collectives_min == host.counts()["1"] < comm.collectives_max
-    # Operators see the laggard with its pid; it moves again: the finding is withdrawn.
+    # Operators see it in the metrics (by finding and cause: no job or rank label) ...
+    standing, found, _ = families("harmonaize_agent", host.health)
+    key = (("cause", "process-not-running"), ("finding", "hang"))
+    assert dict(standing.samples)[key] == 1 and dict(found.samples)[key] == 1
+    # ... and the laggard with its pid; it moves again: the finding is withdrawn.
     view = host.health.view(host.now)["jobs"][0]["comms"][0]
     assert view["laggards"][0]["pid"] == started[1].proc.pid
     for rank in started:
@@ -122,6 +127,7 @@ def test_item3_a_sigstopped_rank_is_a_local_hang_published_by_its_rank(ranks) ->
     wait_until(lambda: host.tick() or host.health.engine.judge.verdict(JOB, COMM) is None,
                timeout=30, what="the hang withdrawn")
     assert host.sent[-1].comms[0].finding is not Finding.HANG
+    assert dict(families("harmonaize_agent", host.health)[0].samples)[key] == 0
 
 
 def test_item1_a_sigkilled_rank_is_named_process_exited(ranks) -> None:
