@@ -26,6 +26,8 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("gpus", "agent", []),
     ("health", "agent", []),
     ("energy", "agent", []),
+    ("job-health", "agent", []),
+    ("job-health", "agent", ["--job", "j1"]),
     ("drain", "agent", ["--reason", "maintenance"]),
     ("undrain", "agent", []),
     ("drain", "agent", ["--gpu", "1", "--reason", "looks odd"]),
