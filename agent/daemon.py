@@ -308,9 +308,9 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
         (its deadline is on the wall clock, the loop's timers on the monotonic one)."""
         loop = self._loop
         due = self.jobhealth.next_deadline() if self.jobhealth is not None else None
-        if loop is None or due is None:
-            return
-        at = loop.time() + max(0.0, due - time.time())
+        if loop is None or due is None or due <= time.time():
+            return  # past: the next tick judges it
+        at = loop.time() + (due - time.time())
         timer = self._jobhealth_timer
         if at < self._deadline and (timer is None or not loop.time() < timer.when() <= at):
             if timer is not None:
@@ -329,6 +329,7 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
         self._wake_pending = False
         self.woken_steps += 1
         self._run_step()
+        self._wake_for_jobhealth()
 
     def _run_step(self) -> None:
         began = time.perf_counter()

@@ -228,9 +228,16 @@ class JobHealthEngine:
 
     def next_deadline(self) -> float | None:
         """When time alone would change what this engine says: a threshold a still
-        communicator crosses, a straggler's window, a job's next report."""
-        times = [job.report_at for job in self.jobs.values()]
-        judged = self.judge.next_deadline()
-        if judged is not None:
-            times.append(judged)
+        communicator crosses, or a job's next report. (A moving communicator is judged
+        at the agent's passes, every ``judge_interval``.)"""
+        times = []
+        for job in self.jobs.values():
+            times.append(job.report_at)
+            for comm in job.comms.values():
+                if not comm.still:
+                    continue
+                for threshold in (self.cfg.hang_after, self.cfg.stall_after):
+                    if comm.moved_at + threshold > comm.judged_at:
+                        times.append(comm.moved_at + threshold)
+                        break
         return min(times, default=None)

@@ -4,6 +4,8 @@ joined from what the host knows, and when it reports to the controller."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.jobhealth.engine import JobHealthEngine, cause_of
 from agent.jobhealth.settings import JobHealthSection
@@ -165,3 +167,22 @@ def test_item1_a_job_that_ended_is_forgotten_and_its_verdicts_end() -> None:
     changes = engine.step(HostReading(()), 4.1).changes
     assert [c.active for c in changes] == [False] and engine.jobs == {}
     assert engine.found[("hang", "unknown")] == 1
+
+
+@given(st.lists(st.tuples(st.floats(0.01, 8.0), st.lists(st.integers(0, 2), max_size=3),
+                          st.booleans()), min_size=1, max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_item3_the_next_deadline_is_never_already_past(
+        moves: list[tuple[float, list[int], bool]]) -> None:
+    """The daemon wakes at it: one already past would step it again and again."""
+    engine = JobHealthEngine(JobHealthSection(stall_after=10.0, judge_interval=0.5))
+    counts = {0: 0, 1: 0, 2: 0}
+    now = 0.0
+    for dt, moved, stopped in moves:
+        now += dt
+        for rank in moved:
+            counts[rank] += 1
+        states = {2: ProcessState.STOPPED} if stopped else None
+        engine.step(host(ranks(counts, states)), now)
+        deadline = engine.next_deadline()
+        assert deadline is None or deadline > now
