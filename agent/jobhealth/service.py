@@ -81,6 +81,7 @@ class JobHealthService:
         #: are still, and their processes' states are read.
         self._counts: dict[tuple[int, int, int], int] = {}
         self._seen: dict[tuple[int, int, int], int] = {}
+        self._present: set[tuple[int, int]] = set()
         #: Processes whose stats were not counted (the kernel did not tie them to the job).
         self.processes_refused: set[tuple[int, int]] = set()
         self.uncounted = 0
@@ -107,6 +108,7 @@ class JobHealthService:
         # Cached /proc facts only for processes still counted: a pid seen anew is read anew.
         self.resolver.forget_except({p.pid for p in self.processes.values() if p.job})
         self._seen: dict[tuple[int, int, int], int] = {}
+        self._present: set[tuple[int, int]] = set()
         jobs = tuple(self._job(job, slots, gpu, faulty, budget=budget, now=now)
                      for job, slots in sorted(stats.items()))
         self._counts = self._seen
@@ -126,6 +128,7 @@ class JobHealthService:
         exited: set[tuple[int, int]] = set()
         ranks = 0
         for slot in slots:
+            self._present.add((slot.pid, slot.tag))
             process = self._process(slot.pid, slot.tag, job, budget, now)
             if process is None or process.job != job:
                 continue
@@ -209,10 +212,11 @@ class JobHealthService:
         for job in set(self._counted) - jobs:
             del self._counted[job]
         self._capped &= jobs
-        counted = set().union(*self._counted.values()) if self._counted else set()
+        # An exited process is the engine's to remember; its record stays while a file
+        # still names it, so that a later process with its pid is not taken for it.
         for key in [k for k, p in self.processes.items() if p.claimed not in jobs or (
-                p.state is ProcessState.EXITED and k not in counted)]:
-            del self.processes[key]  # an exited rank is the engine's to remember now
+                p.state is ProcessState.EXITED and k not in self._present)]:
+            del self.processes[key]
         self.processes_refused &= set(self.processes)
 
     def _journal(self, change: Change) -> None:

@@ -34,7 +34,7 @@ def proc_tree(root: Path) -> None:
     for rank, pid in enumerate(PIDS):
         (root / str(pid)).mkdir()
         (root / str(pid) / "stat").write_bytes(
-            f"{pid} (rank) S 1 ".encode() + b"0 " * 16 + b"777 0\n")
+            f"{pid} (rank) S 1 ".encode() + b"0 " * 17 + b"777\n")
         (root / str(pid) / "environ").write_bytes(f"HARMONAIZE_JOB={JOB}\0RANK={rank}\0".encode())
         (root / str(pid) / "status").write_text("Uid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n")
 
@@ -109,3 +109,25 @@ def test_item2_a_stall_takes_its_cause_from_an_xid_on_the_jobs_gpu_and_reports_b
     assert [r.rank for r in verdict.ranks] == ["1"]
     report = service.engine.report(JOB, 5.5)
     assert report.comms[0].gpu_busy == pytest.approx(15.0)  # GPUs 0 and 1: 10 % and 20 %
+
+
+def test_item1_a_pid_reused_by_another_process_is_the_rank_exited_not_the_newcomer(
+        tmp_path: Path) -> None:
+    """The stats file outlives its process (a fork kept its lock); the pid now belongs
+    to another process, started later: the rank is gone, named process-exited."""
+    proc_tree(tmp_path)
+    service = JobHealthService(JobHealthSection(), publish=lambda message: None,
+                               resolver=JobResolver(tmp_path, "HARMONAIZE_JOB", "", ("RANK",)),
+                               proc_root=str(tmp_path))
+    stats = Stats({JOB: StatsSlots(StatsSlot(pid, COMM, 2, 1, 5 + i, tag=1)
+                                   for i, pid in enumerate(PIDS))})
+    service.step(stats, None, (), (), 0.0)
+    reused = tmp_path / str(PIDS[0]) / "stat"
+    reused.write_bytes(f"{PIDS[0]} (other) R 1 ".encode() + b"0 " * 17 + b"999999\n")
+    now = 0.0
+    while now < 4.0:
+        now = round(now + 0.1, 3)
+        service.step(stats, None, (), (), now)
+    verdict = service.engine.judge.verdict(JOB, COMM)
+    assert verdict is not None and verdict.finding is Finding.HANG
+    assert [(r.rank, r.cause) for r in verdict.ranks] == [("0", Cause.PROCESS_EXITED)]

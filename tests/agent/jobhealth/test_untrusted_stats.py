@@ -131,7 +131,7 @@ def fake_proc(root: Path, pids: range) -> None:
     for i, pid in enumerate(pids):
         base = root / str(pid)
         base.mkdir()
-        (base / "stat").write_bytes(f"{pid} (rank) S 1 ".encode() + b"0 " * 16 + b"5000 0\n")
+        (base / "stat").write_bytes(f"{pid} (rank) S 1 ".encode() + b"0 " * 17 + b"5000\n")
         (base / "environ").write_bytes(f"HARMONAIZE_JOB={JOB}\0RANK={i}\0".encode())
         (base / "status").write_text("Uid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\n")
 
