@@ -85,6 +85,7 @@ class JobHealthService:
         #: Processes whose stats were not counted (the kernel did not tie them to the job).
         self.processes_refused: set[tuple[int, int]] = set()
         self.uncounted = 0
+        #: Slots not counted at the last pass: their job is over ``ranks_per_job``.
         self.over_cap = 0
         self.reports = 0
         self._capped: set[str] = set()
@@ -109,6 +110,7 @@ class JobHealthService:
         self.resolver.forget_except({p.pid for p in self.processes.values() if p.job})
         self._seen: dict[tuple[int, int, int], int] = {}
         self._present: set[tuple[int, int]] = set()
+        self.over_cap = 0
         jobs = tuple(self._job(job, slots, gpu, faulty, budget=budget, now=now)
                      for job, slots in sorted(stats.items()))
         self._counts = self._seen

@@ -156,3 +156,19 @@ def test_item5_a_job_of_thousands_of_ranks_is_taken_in_with_bounded_work_per_pas
     report = health.engine.report(JOB, 1.4).comms[0]  # the next interval's report
     assert report.ranks_here == 3000 and len(report.ranks) == 256
     assert all(r.collectives == 1000 for r in report.ranks[:8])  # furthest behind first
+
+
+def test_item5_ranks_past_the_jobs_cap_are_not_counted_with_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pids = range(24_000, 24_300)
+    fake_proc(tmp_path, pids)
+    slots = StatsSlots(StatsSlot(pid, COMM, 300, 38, 7, tag=pid) for pid in pids)
+    health = JobHealthService(JobHealthSection(ranks_per_job=100), publish=lambda m: None,
+                              resolver=JobResolver(tmp_path, "HARMONAIZE_JOB", "", ("RANK",)),
+                              proc_root=str(tmp_path))
+    caplog.set_level(logging.WARNING, "harmonaize.agent")
+    for n in range(4):
+        health.step(Stats({JOB: slots}), None, (), (), n * 0.1)
+    assert len(health.engine.jobs[JOB].comms[COMM].ranks) == 100
+    assert health.over_cap == 200 and health.view(0.4)["ranks_over_cap"] == 200
+    assert len([r for r in caplog.records if "ranks_per_job" in r.getMessage()]) == 1
