@@ -80,6 +80,7 @@ class JobHealthService:
         #: Each slot's count at the last pass (pid, tag, communicator): unchanged ones
         #: are still, and their processes' states are read.
         self._counts: dict[tuple[int, int, int], int] = {}
+        #: This pass's counts and (pid, tag) of the slots named.
         self._seen: dict[tuple[int, int, int], int] = {}
         self._present: set[tuple[int, int]] = set()
         #: Processes whose stats were not counted (the kernel did not tie them to the job).
@@ -108,8 +109,8 @@ class JobHealthService:
         budget = [self.cfg.resolves_per_pass, self.cfg.proc_reads_per_pass]
         # Cached /proc facts only for processes still counted: a pid seen anew is read anew.
         self.resolver.forget_except({p.pid for p in self.processes.values() if p.job})
-        self._seen: dict[tuple[int, int, int], int] = {}
-        self._present: set[tuple[int, int]] = set()
+        self._seen = {}
+        self._present = set()
         self.over_cap = 0
         jobs = tuple(self._job(job, slots, gpu, faulty, budget=budget, now=now)
                      for job, slots in sorted(stats.items()))
