@@ -95,9 +95,9 @@ def test_item5_forged_stats_of_another_jobs_process_or_none_are_not_counted(
             other_job = spawn({"HARMONAIZE_JOB": "someone-else", "RANK": "1"})
             unbacked = spawn({"HARMONAIZE_JOB": JOB, "RANK": "2"}, uid=TENANT)
             others += [other_job, unbacked]
-            wait_until(lambda: all(Path(f"/proc/{p.pid}/environ").read_bytes()
-                                   for p in (other_job, unbacked)), timeout=10,
-                       what="the processes' environments")
+            # The tenant's process is root's until setpriv has dropped to its uid.
+            wait_until(lambda: f"Uid:\t{TENANT}\t" in Path(f"/proc/{unbacked.pid}/status")
+                       .read_text(), timeout=10, what="the tenant's process as its user")
             fds += [forge(folder, real, other_job.pid, 1), forge(folder, real, unbacked.pid, 2),
                     forge(folder, real, 4_194_000, 3)]  # no such process
             (folder / "77-0000000000000004.stats").write_bytes(b"HZST\x01")  # truncated
