@@ -186,3 +186,15 @@ def test_item3_the_next_deadline_is_never_already_past(
         engine.step(host(ranks(counts, states)), now)
         deadline = engine.next_deadline()
         assert deadline is None or deadline > now
+
+
+def test_item3_a_reload_gives_the_running_judge_its_new_thresholds() -> None:
+    engine = JobHealthEngine(JobHealthSection())
+    engine.step(host(ranks({0: 1, 1: 1})), 0.0)
+    engine.step(host(ranks({0: 1, 1: 2})), 0.1)
+    engine.step(host(ranks({0: 1, 1: 2})), 1.7)
+    assert engine.judge.verdict(JOB, COMM) is None  # 1.6 s still: under 3 s
+    engine.configure(JobHealthSection(hang_after=1.5, stall_after=30.0))
+    engine.step(host(ranks({0: 1, 1: 2})), 1.8)
+    verdict = engine.judge.verdict(JOB, COMM)
+    assert verdict is not None and verdict.finding is Finding.HANG
