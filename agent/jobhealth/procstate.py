@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from harmonaize.messages.jobhealth import ProcessState
 
@@ -51,7 +50,7 @@ def read_stat(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> ProcStat
     """``pid``'s state now; None when there is no such process (or it just went)."""
     if pid <= 0:
         return None
-    path = Path(proc_root) / str(pid) / "stat"
+    path = f"{os.fspath(proc_root)}/{pid}/stat"  # not pathlib: read for every still rank
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:

@@ -35,6 +35,9 @@ log = logging.getLogger("harmonaize.agent")
 #: Seconds before a process the kernel did not tie to its job is looked at again (the
 #: job's group may reach the host after its first ranks).
 RETRY_REFUSED = 10.0
+#: A still rank's process state is read at most this often (seconds): it matters at
+#: ``hang_after``'s scale, and each read is a /proc file per rank.
+STATE_EVERY = 0.5
 OUT_OF_SERVICE = frozenset({GpuState.VALIDATING, GpuState.QUARANTINED, GpuState.LOST})
 
 
@@ -51,6 +54,7 @@ class Process:
     rank: str
     state: ProcessState
     retry_at: float = float("inf")
+    read_at: float = float("-inf")
 
 
 def faulty_gpus(gpus: Iterable[GpuView]) -> set[int]:
@@ -138,8 +142,10 @@ class JobHealthService:
             key = (slot.pid, slot.tag, slot.comm_id)
             still = self._counts.get(key) == slot.collectives
             self._seen[key] = slot.collectives
-            if still and budget[1] > 0 and process.state is not ProcessState.EXITED:
+            if still and budget[1] > 0 and process.state is not ProcessState.EXITED \
+                    and now - process.read_at >= STATE_EVERY:
                 budget[1] -= 1
+                process.read_at = now
                 self._refresh(process)
             if process.state is ProcessState.EXITED:
                 exited.add((process.pid, process.start))
