@@ -120,6 +120,8 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
         self.declarations = Declarations(restored.declarations)
         #: Jobs' progress across their hosts (hangs, stalls, stragglers) and their XIDs.
         self.jobhealth = JobHealthBoard(cfg.jobhealth)
+        if not follower:  # a replica's findings are its leader's
+            self.jobhealth.restore(restored.progress, self.redactor.placements, now)
         self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))

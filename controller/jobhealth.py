@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from controller.types import Placement
-from harmonaize.messages import ApplicationXid, JobRankProgress
+from harmonaize.messages import ApplicationXid, JobProgress, JobRankProgress
 from harmonaize.messages.jobhealth import Cause, CommProgress, Fault, Finding
 from harmonaize.progress import (
     CommSample,
@@ -50,6 +50,10 @@ APPLICATION_XIDS: Mapping[int, Fault] = {
 SILENT_INTERVALS = 2.0
 #: ... and its report is forgotten after this many (its interval may be long).
 FORGET_INTERVALS = 10.0
+#: Seconds a restarted controller keeps a finding its owner was told, for the job's hosts
+#: to report again (agents report every interval, 10 s by default): then it is judged
+#: anew, and withdrawn if it no longer holds.
+RESTORE_GRACE = 60.0
 #: Hardware faults that name a stall's cause, the most specific first.
 HARDWARE = (Cause.GPU_FAULT, Cause.NETWORK)
 
@@ -106,12 +110,31 @@ class JobHealthBoard:
         self._pending: list[Told] = []
         self._dirty = False
         self._stepped_at = -float("inf")
+        #: Findings told before a restart, kept until the hosts report again or then.
+        self._restored: dict[tuple[str, int], float] = {}
 
     def configure(self, cfg: JobHealthSection) -> None:
         self.cfg = cfg
         self.judge.settings = settings_of(cfg)
         self.history = deque(self.history, maxlen=cfg.history)
         self._dirty = True
+
+    def restore(self, told: Iterable[tuple[str, JobProgress]],
+                placements: Mapping[str, Placement], now: float) -> None:
+        """Findings owners were told were active before a restart (from the feed log):
+        held as in force, so that the same finding is not told twice and one that no
+        longer holds is withdrawn (a job no longer placed for that owner: at once)."""
+        for tenant, body in told:
+            key = (body.job, body.comm)
+            ranks = tuple(RankSample(r, body.at_collective) for r in body.ranks)
+            verdict = Verdict(body.job, body.comm, body.finding, body.cause, ranks,
+                              body.at_collective, now)
+            self.current[key] = (verdict, tenant, body.since)
+            placement = placements.get(body.job)
+            if placement is None or placement.tenant != tenant:
+                self.drop_job(body.job)
+            else:
+                self._restored[key] = now + RESTORE_GRACE
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -185,6 +208,7 @@ class JobHealthBoard:
                 if k[0] == job]
         for key in keys:
             self.reports.pop(key, None)
+            self._restored.pop(key, None)
         self.judge.drop(keys)
         for key in keys:
             held = self.current.pop(key, None)
@@ -205,6 +229,7 @@ class JobHealthBoard:
         times = [t for hosts in self.reports.values() for r in hosts.values()
                  for t in (r.at + SILENT_INTERVALS * r.interval,
                            r.at + FORGET_INTERVALS * r.interval) if t > self._stepped_at]
+        times += [t for t in self._restored.values() if t > self._stepped_at]
         judged = self.judge.next_deadline()
         if judged is not None:
             times.append(judged)
@@ -223,7 +248,10 @@ class JobHealthBoard:
                 continue
             found = self.judge.verdict(*key) or self._forwarded(key, hosts, now)
             told += self._settle(key, found, placement.tenant, wall)
-        for key in [k for k in self.current if k not in self.reports]:
+        for key in [k for k in self._restored if k in self.reports or self._restored[k] <= now]:
+            del self._restored[key]  # its hosts report again, or they had their time
+        for key in [k for k in self.current if k not in self.reports
+                    and k not in self._restored]:
             verdict, tenant, since = self.current.pop(key)
             told.append(Told(verdict, False, tenant, since))
         for hosts in self.reports.values():
