@@ -6,11 +6,14 @@ line, and the core keeps serving."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
+from controller.config import load
 from controller.outputs import AgentPeer
 from controller.types import Member, Placement
+from harmonaize.config import ConfigError
 from harmonaize.messages import ApplicationXid, JobRankProgress
 from harmonaize.messages.jobhealth import Cause, CommProgress, Fault, Finding
 from tests.controller.jobhealth.reports import progress, rank
@@ -103,3 +106,23 @@ def test_a_flood_of_bad_reports_is_logged_in_a_bounded_burst_and_serving_goes_on
     (hang,) = [b for b in run.report("h1", progress(JOB, rank("0", 5), rank("1", 4),
                                                     still_for=9.0), 2.0)]
     assert hang.ranks == ("1",)
+
+
+def test_hosts_per_communicator_are_capped() -> None:
+    run = TwoHosts(jobhealth={"hosts_per_comm": 1})
+    run.report("h1", progress(JOB, rank("0", 5)), 1.0)
+    run.report("h2", progress(JOB, rank("2", 5)), 1.0)
+    assert list(run.core.jobhealth.reports[(JOB, 7)]) == ["h1"]
+    assert run.core.jobhealth.counters["too_many_hosts"] == 1
+
+
+def test_a_jobhealth_section_that_contradicts_itself_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    path = tmp_path / "controller.toml"
+    path.write_text("[jobhealth]\nhang_after = 30.0\nstall_after = 10.0\n")
+    with pytest.raises(ConfigError) as refused:
+        load(path)
+    assert "stall_after must be at least hang_after" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    path.write_text("[jobhealth]\nhang_after = 0.5\nstall_after = 10.0\n")
+    assert load(path)[0].jobhealth.hang_after == 0.5
