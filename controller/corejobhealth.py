@@ -60,8 +60,9 @@ class JobHealthPart(CoreState):
                      xid.fault.value, host_id, ", ".join(xid.ranks) or "-")
             self._tell_owner(placement.tenant, xid.job, xid, wall)
         deadline = self.jobhealth.next_deadline()
-        if self.jobhealth.waiting or (deadline is not None and now >= deadline):
-            for change in self.jobhealth.step(placements, now, wall):
+        due = deadline is not None and now >= deadline
+        if self.jobhealth.waiting or due:
+            for change in self.jobhealth.step(placements, now, wall, due=due):
                 self._tell_change(change, wall)
 
     def _job_health_due(self) -> float | None:

@@ -109,6 +109,9 @@ class JobHealthBoard:
         #: Changes made outside a step (a job ended), told at the next one.
         self._pending: list[Told] = []
         self._dirty = False
+        #: Communicators reported since the last step (a step that is not due judges
+        #: only these: the judge keeps the others' verdicts and deadlines).
+        self._reported: set[tuple[str, int]] = set()
         self._stepped_at = -float("inf")
         #: Findings told before a restart, kept until the hosts report again or then.
         self._restored: dict[tuple[str, int], float] = {}
@@ -152,6 +155,7 @@ class JobHealthBoard:
         listed = {comm.comm for comm in body.comms}
         for key in [k for k in self.reports if k[0] == job and k[1] not in listed]:
             if self.reports[key].pop(host_id, None) is not None:  # destroyed on that host
+                self._reported.add(key)
                 self._dirty = True
         comms = {k[1] for k, hosts in self.reports.items() if k[0] == job and hosts}
         for comm in body.comms:
@@ -170,6 +174,7 @@ class JobHealthBoard:
             comms.add(comm.comm)
             hosts[host_id] = HostReport(host_id, dataclasses.replace(comm, ranks=ranks),
                                         body.interval, now)
+            self._reported.add((job, comm.comm))
             self._dirty = True
         for key in [k for k, hosts in self.reports.items() if not hosts]:
             del self.reports[key]
@@ -235,14 +240,19 @@ class JobHealthBoard:
             times.append(judged)
         return min(times, default=None)
 
-    def step(self, placements: Mapping[str, Placement], now: float,
-             wall: float) -> list[Told]:
-        """Judge every communicator; what began or ended since the last step."""
-        self._dirty, self._stepped_at = False, now
+    def step(self, placements: Mapping[str, Placement], now: float, wall: float,
+             *, due: bool = True) -> list[Told]:
+        """Judge the communicators reported since the last step, and every one when a
+        deadline is ``due``; what began or ended since the last step."""
+        reported, self._reported = self._reported, set()
+        if due:
+            self._stepped_at = now
+        self._dirty = False
         told, self._pending = self._pending, []
-        samples = [self._sample(key, hosts, now) for key, hosts in self.reports.items()]
-        self.judge.step(samples, now)
-        for key, hosts in self.reports.items():
+        keys = [k for k in self.reports if due or k in reported]
+        self.judge.step([self._sample(k, self.reports[k], now) for k in keys], now)
+        for key in keys:
+            hosts = self.reports[key]
             placement = placements.get(key[0])
             if placement is None:
                 continue
@@ -254,13 +264,14 @@ class JobHealthBoard:
                     and k not in self._restored]:
             verdict, tenant, since = self.current.pop(key)
             told.append(Told(verdict, False, tenant, since))
-        for hosts in self.reports.values():
-            for host in [h for h, r in hosts.items()
-                         if now - r.at >= FORGET_INTERVALS * r.interval]:
-                del hosts[host]
-        for key in [k for k, hosts in self.reports.items() if not hosts]:
-            del self.reports[key]
-            self.judge.drop([key])
+        if due:
+            for hosts in self.reports.values():
+                for host in [h for h, r in hosts.items()
+                             if now - r.at >= FORGET_INTERVALS * r.interval]:
+                    del hosts[host]
+            for key in [k for k, hosts in self.reports.items() if not hosts]:
+                del self.reports[key]
+        self.judge.drop(self.judge.keys() - set(self.reports))
         for change in told:
             self._record(change, wall)
         return told
