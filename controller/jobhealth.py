@@ -112,6 +112,7 @@ class JobHealthBoard:
         #: Communicators reported since the last step (a step that is not due judges
         #: only these: the judge keeps the others' verdicts and deadlines).
         self._reported: set[tuple[str, int]] = set()
+        self._rejudge = False
         self._stepped_at = -float("inf")
         #: Findings told before a restart, kept until the hosts report again or then.
         self._restored: dict[tuple[str, int], float] = {}
@@ -120,7 +121,7 @@ class JobHealthBoard:
         self.cfg = cfg
         self.judge.settings = settings_of(cfg)
         self.history = deque(self.history, maxlen=cfg.history)
-        self._dirty = True
+        self._dirty = self._rejudge = True  # every communicator, under the new thresholds
 
     def restore(self, told: Iterable[tuple[str, JobProgress]],
                 placements: Mapping[str, Placement], now: float) -> None:
@@ -245,6 +246,7 @@ class JobHealthBoard:
         """Judge the communicators reported since the last step, and every one when a
         deadline is ``due``; what began or ended since the last step."""
         reported, self._reported = self._reported, set()
+        due, self._rejudge = due or self._rejudge, False
         if due:
             self._stepped_at = now
         self._dirty = False
