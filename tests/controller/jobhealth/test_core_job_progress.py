@@ -124,6 +124,9 @@ def test_a_hosts_own_straggler_finding_is_forwarded() -> None:
     (straggler,) = run.report("h1", progress(JOB, rank("0", 900), rank("1", 700),
                                              finding=Finding.STRAGGLER), 1.0)
     assert run.report("h2", progress(JOB, rank("2", 905), rank("3", 905)), 1.0) == []
+    # The host no longer finds it (the rank caught up): withdrawn.
+    (caught_up,) = run.report("h1", progress(JOB, rank("0", 990), rank("1", 989)), 5.0)
+    assert (caught_up.state, caught_up.ranks) == (ProgressState.WITHDRAWN, ("1",))
     assert (straggler.finding, straggler.ranks, straggler.state) == (
         Finding.STRAGGLER, ("1",), ProgressState.ACTIVE)
 
