@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pools", parents=[common], help="(controller) pools: hosts and GPUs")
     sub.add_parser("privacy", parents=[common],
                    help="(controller) the private feed's ε spent per pool over 24 h")
+    sub.add_parser("job-findings", parents=[common],
+                   help="(controller) jobs' hangs, stalls, stragglers and application XIDs, "
+                   "with hosts, and their recent history")
     token = sub.add_parser("token", parents=[common],
                            help="(controller) tenants' HTTP gateway tokens: issue, list, revoke")
     token_sub = token.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -154,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Commands ``watch`` may repeat: they only read.
 WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "remediation",
              "hosts", "capacity", "events", "jobs", "feed", "tenants", "pools", "privacy",
-             "energy", "scheduler", "job-health")
+             "energy", "scheduler", "job-health", "job-findings")
 
 
 #: Commands answered by harmonctl itself, without a daemon.

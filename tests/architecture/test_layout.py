@@ -33,6 +33,7 @@ ENGINES = (
     "controller.agreementphases", "controller.agreementrules", "controller.agreementstate",
     "controller.redactionconfig", "controller.poolredaction", "controller.jobredaction",
     "controller.coreagents", "controller.corestate", "controller.coretenants",
+    "controller.jobhealth", "controller.corejobhealth",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
     "controller.scheduler.engine", "controller.scheduler.table",

@@ -50,6 +50,7 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("tenants", "controller", []),
     ("pools", "controller", []),
     ("privacy", "controller", []),
+    ("job-findings", "controller", []),
     ("scheduler", "controller", []),
     ("token", "controller", ["issue", "--tenant", "acme", "--days", "1"]),
     ("token", "controller", ["list"]),
