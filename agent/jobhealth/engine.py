@@ -22,7 +22,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.jobhealth.settings import JobHealthSection
-from agent.jobhealth.types import CommState, HostReading, JobReading, JobState, RankState
+from agent.jobhealth.types import (
+    CommState,
+    HostReading,
+    JobReading,
+    JobState,
+    RankReading,
+    RankState,
+)
 from harmonaize.messages.jobhealth import (
     Cause,
     CommProgress,
@@ -124,10 +131,10 @@ class JobHealthEngine:
             job.report_at = now + self.cfg.report_interval
             out.reports.append(self.report(reading.job, now))
 
-    def _update(self, state: CommState, ranks: Iterable, reading: JobReading,
+    def _update(self, state: CommState, ranks: Iterable[RankReading], reading: JobReading,
                 now: float) -> None:
         moved = False
-        live = set()
+        live: set[tuple[int, int]] = set()
         for r in ranks:
             live.add(r.process)
             known = state.ranks.get(r.process)
