@@ -4,6 +4,7 @@ readable lines (which ranks, what, why), and ``--json`` keeps every field."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 from pathlib import Path
 
@@ -32,6 +33,13 @@ def watch(spawn, controller, tenant: str, count: int, *extra: str) -> subprocess
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def first_line(proc: subprocess.Popen, timeout: float = 30.0) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "the watcher printed nothing: not subscribed"
+    return proc.stdout.readline()
+
+
 @needs_root
 def test_watch_prints_the_hung_rank_its_cause_and_an_application_xid_readably(
         spawn, workdir: Path, ctx: zmq.Context) -> None:
@@ -40,14 +48,21 @@ def test_watch_prints_the_hung_rank_its_cause_and_an_application_xid_readably(
     h1 = Sender(FakeAgent(ctx, controller, "h1"))
     readable = watch(spawn, controller, "alpha", 4)
     as_json = watch(spawn, controller, "alpha", 4, "--json")
-    wait_until(lambda: sum(s["topics"] == ["job/alpha/"] for s in controller.request("feed"))
-               >= 2, what="both watchers subscribed")
+    # Each watcher's first line is the job's present health, sent when it subscribed: only
+    # then can it get events (the key-reading subscriptions above linger in the feed's
+    # list, so counting subscriptions would not tell).
+    firsts = [first_line(readable), first_line(as_json)]
     h1.send(progress("train", rank("0", 5), rank("1", 4, ProcessState.ZOMBIE,
                                                    Cause.PROCESS_NOT_RUNNING), still_for=2.0,
                      n_ranks=2))
+    # Each next report only once the last was judged: reports of one communicator that
+    # reach the controller in one batch are judged as their latest.
+    wait_until(lambda: controller.request("job-findings")["findings"],
+               what="the hang judged")
     h1.send(m.ApplicationXid("train", 31, Fault.MEMORY_MANAGEMENT, ("1",), False, 1.0))
     h1.send(progress("train", rank("0", 6), rank("1", 6), n_ranks=2))
     out, err = readable.communicate(timeout=60)
+    out = firsts[0] + out
     assert readable.returncode == 0, err
     lines = out.splitlines()
     assert "job-health" in lines[0]
@@ -61,6 +76,7 @@ def test_watch_prints_the_hung_rank_its_cause_and_an_application_xid_readably(
     assert lines[3].endswith("job train comm 0x7: hang of rank(s) 1 withdrawn: the ranks move "
                              "again, or the job ended")
     out, _ = as_json.communicate(timeout=60)
+    out = firsts[1] + out
     records = [json.loads(line) for line in out.splitlines()]
     assert [r["kind"] for r in records] == ["job-health", "job-progress", "application-xid",
                                             "job-progress"]
