@@ -39,6 +39,7 @@ from harmonaize.messages.jobhealth import (
     RankProgress,
 )
 from harmonaize.progress import NOT_RUNNING, Change, CommSample, ProgressJudge, RankSample
+from harmonaize.switches import WIRE_MASK
 
 MAX_STILL = 1e9
 MAX_COUNT = 2**62
@@ -225,7 +226,9 @@ class JobHealthEngine:
         ranks = self.behind_first(state)
         counts = [min(r.collectives, MAX_COUNT) for r in ranks]
         return CommProgress(
-            comm=state.comm, n_ranks=state.n_ranks, ranks_here=len(ranks),
+            # NCCL's ids are random 64-bit values; the wire carries their low 62 bits,
+            # as the tuning reports do, so the controller matches the two.
+            comm=state.comm & WIRE_MASK, n_ranks=state.n_ranks, ranks_here=len(ranks),
             collectives_min=min(counts), collectives_max=max(counts),
             still_for=round(min(max(now - state.moved_at, 0.0), MAX_STILL), 3),
             finding=finding, cause=cause,

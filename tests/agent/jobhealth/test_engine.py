@@ -198,3 +198,13 @@ def test_item3_a_reload_gives_the_running_judge_its_new_thresholds() -> None:
     engine.step(host(ranks({0: 1, 1: 2})), 1.8)
     verdict = engine.judge.verdict(JOB, COMM)
     assert verdict is not None and verdict.finding is Finding.HANG
+
+
+def test_item3_a_64_bit_communicator_id_goes_out_in_the_wires_62_bits() -> None:
+    """NCCL's ids are random 64-bit values: reported as the tuning reports carry them."""
+    engine = JobHealthEngine(JobHealthSection())
+    comm = CommReading(0xF00D_0000_0000_5EED, 2, ranks({0: 5, 1: 5}))
+    (report,) = engine.step(HostReading((JobReading(JOB, (comm,), frozenset(), False, None),),
+                                        False), 0.0).reports
+    assert report.comms[0].comm == 0xF00D_0000_0000_5EED & ((1 << 62) - 1)
+    assert decode(encode(report, sender="h1")).body == report
