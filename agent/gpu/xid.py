@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from agent.conditions import Action
+from harmonaize.messages.jobhealth import Fault
 
 
 class Effect(StrEnum):
@@ -118,3 +119,9 @@ CATALOG = {info.xid: info for info in _CATALOG}
 def lookup(xid: int) -> XidInfo:
     return CATALOG.get(xid) or XidInfo(xid, "not in the catalog", Action.NONE, Effect.NONE,
                                        Reason.GPU_FAILURE)
+
+
+#: What a job's owner is told of an XID judged its own process's.
+FAULTS = {13: Fault.GRAPHICS_EXCEPTION, 31: Fault.MEMORY_MANAGEMENT,
+          43: Fault.STOPPED_PROCESSING, 45: Fault.CLEANUP_AFTER_ERROR,
+          94: Fault.CONTAINED_MEMORY_ERROR, 109: Fault.STOPPED_PROCESSING}
