@@ -89,6 +89,8 @@ class _Pending:
     gpu: int
     xid: int
     at: float
+    #: Processes ending at the XID (the observer reads that only with an XID to judge).
+    exiting: frozenset[int] = frozenset()
 
 
 class XidAttributor:
@@ -126,7 +128,8 @@ class XidAttributor:
     # --- XIDs ---------------------------------------------------------------------------
 
     def report(self, gpu: int, xid: int, now: float) -> None:
-        self.pending.append(_Pending(gpu, xid, now))
+        state = self.gpus.get(gpu)
+        self.pending.append(_Pending(gpu, xid, now, state.exiting if state else frozenset()))
 
     def decide(self, now: float) -> list[Attributed]:
         """The XIDs that can be decided now: hardware ones and those with their kernel
@@ -179,16 +182,17 @@ class XidAttributor:
              ) -> tuple[str, list[JobRef], bool, str] | str:
         """(job, its refs, teardown, why), or why it stays in doubt."""
         window = self.settings.teardown_window
+        exiting = item.exiting | gpu.exiting
         gone = {pid: ref for pid, (ref, at) in gpu.gone.items() if item.at - at <= window}
         if line is not None and line.pid is not None:
             ref = gpu.pids.get(line.pid) or gone.get(line.pid)
             if ref is None:
                 return f"the kernel names pid {line.pid}, no job's process on this GPU"
-            teardown = line.pid in gpu.exiting or line.pid in gone
+            teardown = line.pid in exiting or line.pid in gone
             return (ref.job, [ref], teardown,
                     f"the kernel names pid {line.pid} ({line.name or '?'}) of job {ref.job}"
                     + (", exiting" if teardown else ""))
-        ending = [ref for pid, ref in gpu.pids.items() if pid in gpu.exiting and ref] + [
+        ending = [ref for pid, ref in gpu.pids.items() if pid in exiting and ref] + [
             ref for ref in gone.values() if ref]
         if ending:
             jobs = {r.job for r in ending}

@@ -152,3 +152,14 @@ def test_the_kernel_line_arriving_after_the_event_is_waited_for() -> None:
     engine.kernel((line(31, 200),), 10.5)
     (result,) = engine.decide(10.5)  # decided as soon as the line is there
     assert result.job == "job-b"
+
+
+def test_a_process_exiting_at_the_xid_is_a_teardown_though_later_looks_see_none() -> None:
+    """The observer reads /proc only with an XID to judge: what it saw then counts when
+    the XID is decided after its wait (a case the benchmark found)."""
+    engine = attributor({100: A0, 200: B0}, exiting=(100,))
+    engine.report(0, 45, 10.0)
+    engine.observe(0, PCI, {100: A0, 200: B0}, (), 11.0)  # no XID here: not read
+    (result,) = engine.decide(12.0)
+    assert (result.verdict, result.job, result.teardown) == (Verdict.APPLICATION, "job-a",
+                                                             True)
