@@ -39,6 +39,9 @@ from agent.kernel.kmsgformat import KernelXid, PciKey
 #: Kernel lines and departed processes kept, at most (a tenant's churn is bounded here).
 MAX_LINES = 256
 MAX_GONE = 1024
+#: XIDs waiting for their kernel line, at most: past it the oldest is judged at once
+#: (a job that floods its GPU with faults costs the agent no more than this).
+MAX_PENDING = 1024
 
 
 class Verdict(StrEnum):
@@ -135,11 +138,12 @@ class XidAttributor:
         """The XIDs that can be decided now: hardware ones and those with their kernel
         line at once, the others when their wait is over."""
         decided, waiting = [], []
-        for item in self.pending:
+        overflow = len(self.pending) - MAX_PENDING
+        for n, item in enumerate(self.pending):
             info = lookup(item.xid)
             line = self._line(item, now)
             if (info.attribution is Attribution.HARDWARE or line is not None
-                    or now >= item.at + self.settings.kmsg_wait):
+                    or now >= item.at + self.settings.kmsg_wait or n < overflow):
                 decided.append(self._decide(item, info, line))
             else:
                 waiting.append(item)

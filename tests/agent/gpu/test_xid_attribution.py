@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent.gpu.attribution import Attributed, AttributionSettings, Verdict, XidAttributor
+from agent.gpu.attribution import (
+    MAX_PENDING,
+    Attributed,
+    AttributionSettings,
+    Verdict,
+    XidAttributor,
+)
 from agent.gpu.types import JobRef
 from agent.gpu.xid import CATALOG, Attribution, Effect
 from agent.kernel.kmsgformat import KernelXid, pci_key
@@ -163,3 +169,12 @@ def test_a_process_exiting_at_the_xid_is_a_teardown_though_later_looks_see_none(
     (result,) = engine.decide(12.0)
     assert (result.verdict, result.job, result.teardown) == (Verdict.APPLICATION, "job-a",
                                                              True)
+
+
+def test_a_flood_of_xids_waits_bounded() -> None:
+    engine = attributor({100: A0, 200: B0})
+    for n in range(MAX_PENDING + 50):
+        engine.report(0, 31, 10.0 + n * 1e-4)
+    decided = engine.decide(10.2)
+    assert len(decided) == 50 and len(engine.pending) == MAX_PENDING
+    assert all(d.verdict is Verdict.HARDWARE for d in decided)  # two jobs, no line
