@@ -88,6 +88,7 @@ def test_an_application_xid_quarantines_nothing_and_a_hardware_xid_still_does(
     log = agent.log.read_text()
     assert "xid 31 is job job-b's own (memory-management)" in log
     assert "xid 45 is job job-c's own (cleanup-after-error), at its teardown" in log
+    assert "Traceback" not in log and "sampling pass failed" not in log  # encoded, sent
     health = agent.request("health")
     assert health["gpu_counts"]["quarantined"] == 1 and health["gpu_counts"]["suspect"] == 1
     status = {o["name"]: o for o in agent.request("status")["observers"]}
