@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 
 from agent.kernel.kmsgformat import KERN, KernelXid, kmsg_line, parse_record, parse_xid, pci_key
@@ -49,7 +50,8 @@ __all__ = ["KernelXid", "KmsgCounts", "KmsgSource", "kmsg_line", "pci_key"]
 class KmsgCounts:
     records: int = 0
     xids: int = 0
-    #: Records not of the kernel's own facility (a process's writes).
+    #: Records not of the kernel's own facility (processes' writes: journald's, a
+    #: forgery's), never taken for the driver's.
     not_kernel: int = 0
     #: Lines that are no record (partial, interleaved, garbage) or replayed numbers.
     malformed: int = 0
@@ -73,11 +75,15 @@ class KmsgSource:
     _pending: bytes = b""
     _skip_line: bool = False  # inside an over-long line: drop up to its newline
     _last_seq: int | None = None
+    _device: bool = False
 
     def open(self) -> None:
         # O_NOFOLLOW: the path is the operator's, but a link there is never followed.
         self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
                            | os.O_NOFOLLOW)
+        # /dev/kmsg returns one whole record per read and refuses a smaller buffer
+        # (EINVAL): read it whole; a file or FIFO is read within the byte budget.
+        self._device = stat.S_ISCHR(os.fstat(self._fd).st_mode)
         if not self.from_start:
             try:
                 os.lseek(self._fd, 0, os.SEEK_END)
@@ -98,12 +104,13 @@ class KmsgSource:
         budget, records = self.max_bytes, 0
         while budget > 0 and records < self.max_records:
             try:
-                chunk = os.read(self._fd, min(READ_SIZE, budget))
+                chunk = os.read(self._fd, READ_SIZE if self._device else min(READ_SIZE, budget))
             except BlockingIOError:
                 break
             except OSError as exc:
                 if exc.errno == errno.EPIPE:  # overwritten before we read it: go on
                     self.counts.lost += 1
+                    records += 1  # a log overwritten as fast as we read still ends
                     continue
                 self.counts.errors += 1
                 log.warning("kernel log %s: %s", self.path, exc.strerror or exc)
@@ -150,10 +157,10 @@ class KmsgSource:
             self.counts.lost += record.seq - self._last_seq - 1
         self._last_seq = record.seq
         self.counts.records += 1
-        if "NVRM: Xid" not in record.message:
-            return None
-        if record.facility != KERN:
+        if record.facility != KERN:  # a process's write (journald's, or a forgery)
             self.counts.not_kernel += 1
+            return None
+        if "NVRM: Xid" not in record.message:
             return None
         parsed = parse_xid(record.message)
         if parsed is None:

@@ -4,6 +4,7 @@ over-long lines), read from real files and FIFOs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.kernel.kmsg import MAX_LINE, KmsgSource, kmsg_line, pci_key
+from agent.kernel.kmsgformat import parse_record
 
 pytestmark = pytest.mark.jobhealth
 
@@ -178,3 +180,35 @@ def test_a_link_at_the_path_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "kmsg").symlink_to(target)
     with pytest.raises(OSError):
         KmsgSource(str(tmp_path / "kmsg")).open()
+
+
+def test_the_kernel_stamps_a_process_write_to_dev_kmsg_with_a_user_facility() -> None:
+    """The claim the reader rests on, checked against the running kernel: a process
+    that writes ``<6>`` (facility bits 0) to /dev/kmsg gets LOG_USER, not the kernel's
+    facility, so no line it writes can pass for the driver's. (The line written is no
+    XID line: tools on the host that grep the kernel log for XIDs must not see one.)"""
+    try:
+        reader = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        pytest.skip(f"/dev/kmsg is not readable here: {exc.strerror}")
+    try:
+        os.lseek(reader, 0, os.SEEK_END)
+        try:
+            writer = os.open("/dev/kmsg", os.O_WRONLY)
+        except OSError as exc:
+            pytest.skip(f"/dev/kmsg is not writable here: {exc.strerror}")
+        text = f"harmonaize test {os.getpid()}: a process's record, no fault"
+        try:
+            os.write(writer, f"<6>{text}\n".encode())
+        finally:
+            os.close(writer)
+        ours = []
+        with contextlib.suppress(BlockingIOError):
+            while not ours:
+                line = os.read(reader, 8192).decode("utf-8", "replace").split("\n")[0]
+                ours = [r for r in [parse_record(line)] if r and r.message == text]
+    finally:
+        os.close(reader)
+    if not ours:
+        pytest.skip("this kernel drops writes to /dev/kmsg (printk.devkmsg=off)")
+    assert (ours[0].facility, ours[0].level) == (1, 6)  # LOG_USER, never the kernel's 0
