@@ -96,6 +96,7 @@ MODULES = {
     "agent/gpu/attribution.py": ["tests/agent/gpu/test_xid_attribution.py",
                                  "tests/agent/gpu/test_xid_attribution_edges.py"],
     "agent/kernel/kmsgformat.py": ["tests/agent/kernel/test_kmsg.py",
+                                   "tests/agent/kernel/test_kmsg_format.py",
                                    "tests/agent/kernel/test_kmsg_properties.py"],
     "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,
