@@ -13,6 +13,7 @@ from typing import Annotated, ClassVar
 from agent.energy.settings import EnergySection
 from agent.gpu.settings import GpuObserverSection
 from agent.host.settings import HostObserverSection
+from agent.jobhealth.settings import JobHealthSection
 from agent.links.settings import LinksSection
 from agent.rdma.settings import RdmaControlSection, RdmaSection
 from agent.remediation.settings import RemediationSection
@@ -169,6 +170,7 @@ class AgentConfig:
     energy: EnergySection = field(default_factory=EnergySection)
     rdma: RdmaControlSection = field(default_factory=RdmaControlSection)
     remediation: RemediationSection = field(default_factory=RemediationSection)
+    jobhealth: JobHealthSection = field(default_factory=JobHealthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
 
 

@@ -31,6 +31,8 @@ from agent.daemonmessages import ControllerMessages
 from agent.declarations import Declarations
 from agent.energy.service import EnergyService
 from agent.gpu.health import GpuState
+from agent.gpu.jobs import JobResolver
+from agent.jobhealth.service import JobHealthService
 from agent.observations import Observations
 from agent.observers import ObserverSet
 from agent.rdma.service import RdmaCcService
@@ -89,6 +91,9 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
         #: Resets of quarantined GPUs and the reboot and RMA holds after them (needs
         #: validation, which decides after each step).
         self.remediation: RemediationService | None = None
+        #: Which ranks hold each job's communicators up (needs tuning's stats reads).
+        self.jobhealth: JobHealthService | None = None
+        self._jobhealth_timer: asyncio.TimerHandle | None = None
         self.drained: str | None = None
         self.ready = False
         self.passes = 0
@@ -115,8 +120,6 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
         if self.cfg.agent.gpu_class != "auto":
             return self.cfg.agent.gpu_class
         return getattr(self.observers.get("gpu"), "gpu_class", "none")
-
-
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -166,6 +169,12 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
             self.tuning = TuningService(self.cfg.tuning, self.cfg.observers.links,
                                         publish=self._publish)
             self.tuning.start(time.time())
+        if self.cfg.jobhealth.enabled:
+            gpu = self.cfg.observers.gpu
+            self.jobhealth = JobHealthService(
+                self.cfg.jobhealth, publish=self._publish, proc_root=gpu.procfs_root,
+                resolver=JobResolver(gpu.procfs_root, gpu.job_env, gpu.job_cgroup_pattern,
+                                     gpu.rank_env, group_of=self._job_group))
         energy = EnergyService(
             self.cfg.energy, self.cfg.agent.state_dir, self._gpu_handles,
             call_timeout=self.cfg.observers.gpu.call_timeout,
@@ -221,8 +230,9 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         self.notifier.stopping()
         log.info("agent %s stopping", self.host_id)
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._jobhealth_timer):
+            if timer is not None:
+                timer.cancel()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -249,7 +259,6 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
             await self.metrics.close()
         self.observers.stop_all()
         self.notifier.close()
-
 
     # --- the sampling loop ---------------------------------------------------------------
 
@@ -292,6 +301,21 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
             self._deadline = now + self.cfg.agent.interval
         self._run_step()
         self._timer = loop.call_at(self._deadline, self._tick)
+        self._wake_for_jobhealth()
+
+    def _wake_for_jobhealth(self) -> None:
+        """A job-health threshold that falls before the next tick gets a pass of its own
+        (its deadline is on the wall clock, the loop's timers on the monotonic one)."""
+        loop = self._loop
+        due = self.jobhealth.next_deadline() if self.jobhealth is not None else None
+        if loop is None or due is None or due <= time.time():
+            return  # past: the next tick judges it
+        at = loop.time() + (due - time.time())
+        timer = self._jobhealth_timer
+        if at < self._deadline and (timer is None or not loop.time() < timer.when() <= at):
+            if timer is not None:
+                timer.cancel()
+            self._jobhealth_timer = loop.call_at(at, self._woken_step)
 
     def _on_wake(self) -> None:
         if self._wake_pending:
@@ -305,6 +329,7 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
         self._wake_pending = False
         self.woken_steps += 1
         self._run_step()
+        self._wake_for_jobhealth()
 
     def _run_step(self) -> None:
         began = time.perf_counter()
@@ -350,6 +375,9 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
             self.remediation.step(result.gpus.gpus, now)
         if self.tuning is not None:
             self.tuning.step(observations.links, result.links.judged, now)
+        if self.jobhealth is not None:
+            self.jobhealth.step(self.tuning, observations.gpu, result.gpus.gpus,
+                                result.links.links, now)
         if self.energy is not None:
             self.energy.step(observations.gpu, self.declarations.jobs, now,
                              [v.index for v in result.gpus.gpus if v.state in OUT_OF_SERVICE])
@@ -363,25 +391,9 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
         nvml = getattr(self.observers.get("gpu"), "nvml", None)
         return {r.identity.uuid: r.handle for r in nvml.readers} if nvml is not None else {}
 
-
-
-
-
-
-
     def _feed_watchdog(self) -> None:
         interval = self.notifier.watchdog_interval
         now = time.monotonic()
         if interval is not None and now - self._last_watchdog >= interval:
             self.notifier.watchdog()
             self._last_watchdog = now
-
-
-    # --- operator commands ---------------------------------------------------------------
-
-
-
-
-
-
-

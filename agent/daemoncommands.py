@@ -19,6 +19,7 @@ from agent.energy import commands as energy_commands
 from agent.gpu import commands as gpu_commands
 from agent.gpu.health import GpuStep, GpuView
 from agent.host import commands as host_commands
+from agent.jobhealth import commands as jobhealth_commands
 from agent.links import commands as link_commands
 from agent.observers import ObserverSet
 from agent.rdma import commands as rdma_commands
@@ -60,6 +61,7 @@ class OperatorCommands:
                 ("agent.state_dir", self.cfg.agent.state_dir, new.agent.state_dir),
                 ("tuning", self.cfg.tuning, new.tuning),
                 ("energy.enabled", self.cfg.energy.enabled, new.energy.enabled),
+                ("jobhealth.enabled", self.cfg.jobhealth.enabled, new.jobhealth.enabled),
                 ("remediation.enabled", self.cfg.remediation.enabled,
                  new.remediation.enabled),
                 ("rdma", self.cfg.rdma, new.rdma),
@@ -91,6 +93,9 @@ class OperatorCommands:
         if self.energy is not None and new.energy != self.cfg.energy:
             self.energy.configure(new.energy)
             log.info("applied the new [energy] settings to the running loop")
+        if self.jobhealth is not None and new.jobhealth != self.cfg.jobhealth:
+            self.jobhealth.configure(new.jobhealth)
+            log.info("applied the new [jobhealth] settings")
         if live:
             log.info("applied %s to the running rules", ", ".join(live))
         self.republisher.refresh = new.controller.summary_refresh
@@ -122,6 +127,7 @@ class OperatorCommands:
             **validation_commands.commands(self, self._gpu_views),
             **remediation_commands.commands(self),
             **tuning_commands.commands(self, self._declared),
+            **jobhealth_commands.commands(self),
         }
 
     def _links_pass(self) -> link_commands.LinksPass:

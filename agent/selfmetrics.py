@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from agent.energy import metrics as energy_metrics
 from agent.gpu import metrics as gpu_metrics
 from agent.gpu.states import GPU
+from agent.jobhealth import metrics as jobhealth_metrics
 from agent.links import metrics as link_metrics
 from agent.observers.base import State
 from agent.rdma import metrics as rdma_metrics
@@ -44,6 +45,7 @@ def collect(daemon: AgentDaemon) -> list[Family]:
         *gpu_metrics.families(P, daemon.summary, daemon.advisories_sent,
                               daemon.health.gpus.xids_by_class),
         *energy_metrics.families(P, daemon.energy),
+        *jobhealth_metrics.families(P, daemon.jobhealth),
         *_uplink(daemon),
         *validation_metrics.families(P, daemon.validation, daemon.events_by_reason),
         *_socket(daemon),

@@ -24,6 +24,7 @@ from enum import StrEnum
 from controller.types import HostState
 from harmonaize.messages import (
     Ack,
+    ApplicationXid,
     Category,
     Envelope,
     Goodbye,
@@ -34,6 +35,7 @@ from harmonaize.messages import (
     HostEvent,
     HostSummary,
     JobAdvisory,
+    JobRankProgress,
     Message,
     Resync,
     TuningAck,
@@ -106,6 +108,8 @@ class Cluster:
     advisories: list[tuple[str, JobAdvisory | ValidationNotice]] = field(default_factory=list)
     #: Tuning reports and acknowledgements (host, message), for the shell's agreement.
     tuning: list[tuple[str, TuningReport | TuningAck]] = field(default_factory=list)
+    #: Ranks' progress and application XIDs (host, message), for the shell's job health.
+    jobhealth: list[tuple[str, JobRankProgress | ApplicationXid]] = field(default_factory=list)
     #: Hosts that said hello since the shell last looked (resend what they lack).
     hellos: list[str] = field(default_factory=list)
     #: Set whenever something tenants may see could have changed.
@@ -173,6 +177,8 @@ class Cluster:
             self.advisories.append((host_id, body))
         elif isinstance(body, TuningReport | TuningAck):
             self.tuning.append((host_id, body))
+        elif isinstance(body, JobRankProgress | ApplicationXid):
+            self.jobhealth.append((host_id, body))
         self.counters["accepted"] += 1
         return [Reply(conn, Ack(env.seq))]
 

@@ -239,6 +239,30 @@ class SchedulerSection:
 
 
 @dataclass(frozen=True)
+class JobHealthSection:
+    """``[jobhealth]``: how the controller judges a job's progress across its hosts
+    (harmonaize/progress.py; docs/operator-guide.md) and how much it keeps of it."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    #: Seconds with no rank moving, at unequal counts, before a hang is named.
+    hang_after: Annotated[float, Num(0.1, 3600.0)] = 3.0
+    #: Seconds with every rank stopped at the same collective before a stall is named.
+    stall_after: Annotated[float, Num(0.1, 86_400.0)] = 60.0
+    straggler_margin: Annotated[float, Num(0.1, 3600.0)] = 2.0
+    straggler_window: Annotated[float, Num(0.1, 86_400.0)] = 30.0
+    #: Communicators kept per job (a job making more is counted, the rest dropped).
+    comms_per_job: Annotated[int, Num(1, 4096)] = 64
+    #: Hosts' reports kept per communicator.
+    hosts_per_comm: Annotated[int, Num(1, 100_000)] = 1024
+    #: Findings and withdrawals kept for operators (harmonctl -C job-findings).
+    history: Annotated[int, Num(0, 100_000)] = 1000
+
+    def __post_init__(self) -> None:
+        if self.stall_after < self.hang_after:
+            raise ValueError("stall_after must be at least hang_after")
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     STRICT_KEYS: ClassVar[bool] = True
     controller: ControllerSection = field(default_factory=ControllerSection)
@@ -254,6 +278,7 @@ class ControllerConfig:
     pools: PoolsSection = field(default_factory=PoolsSection)
     notices: NoticesSection = field(default_factory=NoticesSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
+    jobhealth: JobHealthSection = field(default_factory=JobHealthSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

@@ -48,8 +48,10 @@ from typing import TYPE_CHECKING, Any
 from controller.agreement import Agreement
 from controller.cluster import Cluster
 from controller.coreagents import AgentMessages
+from controller.corejobhealth import JobHealthPart
 from controller.coretenants import TenantRequests
 from controller.declarations import Declarations
+from controller.jobhealth import JobHealthBoard
 from controller.notices import Notices
 from controller.outputs import (
     AnswerTenant,
@@ -85,7 +87,7 @@ log = logging.getLogger("harmonaize.controller")
 FEED_PRUNE_INTERVAL = 60.0
 
 
-class ControllerCore(AgentMessages, TenantRequests):
+class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
     def __init__(self, cfg: ControllerConfig, now: float, restored: Restored | None = None,
                  *, rng: random.Random | None = None, follower: bool = False) -> None:
         """Begin from what the store kept (nothing: a new controller). ``rng`` draws the
@@ -116,6 +118,10 @@ class ControllerCore(AgentMessages, TenantRequests):
             self.redactor.place(placement)
             self.agreement.set_hosts(placement.job, placement.hosts)
         self.declarations = Declarations(restored.declarations)
+        #: Jobs' progress across their hosts (hangs, stalls, stragglers) and their XIDs.
+        self.jobhealth = JobHealthBoard(cfg.jobhealth)
+        if not follower:  # a replica's findings are its leader's
+            self.jobhealth.restore(restored.progress, self.redactor.placements, now)
         self.notices = Notices(restored.notices, rng=rng)
         self.feed = Publications(cfg.feed, dict(restored.feed_seqs), dict(restored.latest),
                                  restored.feed_epoch, dict(restored.feed_offsets))
@@ -182,10 +188,10 @@ class ControllerCore(AgentMessages, TenantRequests):
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do, on the clock of ``now``; the time
         of the last input or tick while received messages wait for one."""
-        if self._held or self._staged or self.cluster.changed:
+        if self._held or self._staged or self.cluster.changed or self.jobhealth.waiting:
             return self._now
         times = (self._liveness_due(), self._expiry_due(), self._next_republish,
-                 self._next_prune, self.redactor.next_due(),
+                 self._next_prune, self.redactor.next_due(), self._job_health_due(),
                  self.agreement.next_deadline(self._stepped_at))
         return min((t for t in times if t is not None), default=None)
 
@@ -230,6 +236,8 @@ class ControllerCore(AgentMessages, TenantRequests):
             self._withdraw(placement.job)
             self.feed.forget(job_topic(previous.tenant, placement.job))
         if previous is not None and previous.generation != placement.generation:
+            self.jobhealth.drop_job(placement.job)  # its ranks are elsewhere now
+        if previous is not None and previous.generation != placement.generation:
             # What was issued for the old placement is not the new one's to answer.
             voided = self.notices.forget_job(placement.job)
             if voided:
@@ -264,6 +272,7 @@ class ControllerCore(AgentMessages, TenantRequests):
         # Its last job-health is no present any more: new subscribers are not sent it.
         self.feed.forget(job_topic(self.redactor.placements[job].tenant, job))
         self._withdraw(job)
+        self.jobhealth.drop_job(job)  # its findings are withdrawn at the next tick
         self._placements[job] = None
         self.redactor.remove_job(job)
         self.notices.forget_job(job)
@@ -290,6 +299,8 @@ class ControllerCore(AgentMessages, TenantRequests):
             self._forget_undeclared_pools()
             self.cluster.changed = True
         self.agreement.settings = cfg.tuning
+        if cfg.jobhealth != old.jobhealth:
+            self.jobhealth.configure(cfg.jobhealth)
 
     def close(self) -> list[Output]:
         """The last Commit before stopping. Held sends are dropped: agents resend what

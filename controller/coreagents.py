@@ -64,6 +64,7 @@ class AgentMessages(CoreState):
     if TYPE_CHECKING:  # in controller/coretenants.py
         def _declarations_for(self, host_id: str, conn: bytes) -> list[Output]: ...
         def _hosts_of(self, job: str) -> frozenset[str]: ...
+        def _job_health(self, now: float, wall: float) -> None: ...  # corejobhealth.py
 
     # --- agents ------------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class AgentMessages(CoreState):
                 if self._may_log(now):
                     log.warning("host %s: %s for job %.60r not passed on (%s)", host_id,
                                 advisory.KIND, advisory.job, refused.replace("_", " "))
+        self._job_health(now, wall)
         self._staged = False
         if self.cluster.changed:
             self.cluster.changed = False

@@ -28,6 +28,8 @@ from harmonaize.messages import (
 
 #: The reason classes a tenant may be told (an advisory naming any other is refused).
 ADVISORY_REASONS = frozenset({"gpu-memory", "gpu-failure", "interconnect", "thermal"})
+#: Members a job-health message lists as degraded, and as lost, at most (the wire's cap).
+MEMBERS_LISTED = 1024
 #: A validation notice never announces a start further ahead than this (seconds).
 NOTICE_HORIZON = 3600.0
 
@@ -97,7 +99,10 @@ def job_health(cfg: RedactionConfig, placement: Placement, hosts: Mapping[str, H
                 if link.link_class == "data" and link.congestion.rank > congestion.rank:
                     congestion = link.congestion
     choice, status = tuning
-    return JobHealth(placement.job, tuple(sorted(degraded)), tuple(sorted(lost)), congestion,
+    # The wire caps each list (a job of more members on failed hardware is told the
+    # first ones by name; the tenant guide says so) rather than breaking the message.
+    return JobHealth(placement.job, tuple(sorted(degraded)[:MEMBERS_LISTED]),
+                     tuple(sorted(lost)[:MEMBERS_LISTED]), congestion,
                      tuning_choice=choice, tuning=status,
                      energy=energy_saved(cfg, placement, hosts))
 

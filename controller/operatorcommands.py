@@ -117,6 +117,9 @@ class OperatorCommands:
                              "pools: hosts and GPUs (the provider's view)"),
             "privacy": Command(lambda _: views.privacy(core, time.monotonic()),
                                "the private feed's budget per pool: ε spent in 24 h, plan"),
+            "job-findings": Command(lambda _: core.jobhealth.view(time.monotonic()),
+                                    "jobs' hangs, stalls, stragglers and application XIDs, "
+                                    "with hosts"),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
             "tokens": Command(self._cmd_tokens, "tenants' HTTP gateway tokens (no secrets)"),
             "token-issue": Command(self._cmd_token_issue,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from harmonaize.messages import JobDeclaration, Message
+from harmonaize.messages import JobDeclaration, JobProgress, Message
 
 if TYPE_CHECKING:
     from controller.cluster import HostRecord, StoredEvent
@@ -121,6 +121,9 @@ class Restored:
     notices: tuple[Notice, ...] = ()
     #: Each stream's newest offset.
     feed_offsets: Mapping[str, int] = field(default_factory=dict)
+    #: Jobs' progress findings their owners were last told were active, with the
+    #: owner (from the retained feed log): a restarted core withdraws those no longer so.
+    progress: tuple[tuple[str, JobProgress], ...] = ()
 
 
 # --- outputs ---------------------------------------------------------------------------

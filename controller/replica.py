@@ -87,6 +87,7 @@ LEADER_COMMANDS = {
     "tenants": ("tenants: jobs, declarations", False),
     "pools": ("pools: hosts and GPUs (the provider's view)", False),
     "privacy": ("the private feed's budget per pool: ε spent in 24 h, plan", False),
+    "job-findings": ("jobs' hangs, stalls, stragglers and application XIDs, with hosts", False),
 }
 
 

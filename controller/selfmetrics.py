@@ -17,6 +17,7 @@ from controller.limits import descriptors
 from harmonaize import __version__, statemachine
 from harmonaize.exhaustion import families as exhaustion_families
 from harmonaize.messages import TuningStatus
+from harmonaize.messages.jobhealth import Cause, Fault, Finding
 from harmonaize.metrics import Family, counter, gauge
 
 if TYPE_CHECKING:
@@ -132,6 +133,7 @@ def collect(server: ControllerServer) -> list[Family]:
         counter(f"{P}_admin_idle_closed_total",
                 "Admin connections closed for sitting idle.").add(stats.idle_closed),
     ]
+    families += job_health_families(server)
     families += exhaustion_families(P, server.exhaustion)
     families += server.scheduler.families()
     if server.gateway is not None:
@@ -139,6 +141,30 @@ def collect(server: ControllerServer) -> list[Family]:
     if server.metrics is not None:
         families += server.metrics.families()
     return families
+
+
+def job_health_families(server: ControllerServer) -> list[Family]:
+    """Jobs' findings in force and application XIDs: counts by class only (no job)."""
+    board = server.core.jobhealth
+    held = Counter((v.finding, v.cause) for v, _, _ in board.current.values())
+    findings = gauge(f"{P}_job_findings",
+                     "Hangs, stalls and stragglers in force across jobs' hosts, by finding and "
+                     "cause (stalls caused paused are told to operators only).")
+    for finding in (Finding.HANG, Finding.STALL, Finding.STRAGGLER):
+        for cause in Cause:
+            findings.add(held.get((finding, cause), 0), finding=finding.value,
+                         cause=cause.value)
+    xids = counter(f"{P}_application_xids_total",
+                   "XIDs a job's own process caused, passed on to its owner, by fault class.")
+    for fault in Fault:
+        xids.add(board.xids.get(fault.value, 0), fault=fault.value)
+    dropped = counter(f"{P}_job_health_dropped_total",
+                      "Hosts' job-health reports or parts of them dropped, by reason (a host "
+                      "the job is not placed on, ranks placed elsewhere, caps).")
+    for reason in ("unplaced", "not_placed_here", "rank_not_placed_here", "too_many_comms",
+                   "too_many_hosts", "not_an_application_xid"):
+        dropped.add(board.counters.get(reason, 0), reason=reason)
+    return [findings, xids, dropped]
 
 
 def gateway_families(gateway: Gateway) -> list[Family]:

@@ -34,7 +34,8 @@ from controller.storefile import (
     problem,
 )
 from controller.types import Member, Placement
-from harmonaize.messages import HostSummary, JobDeclaration
+from harmonaize.messages import HostSummary, JobDeclaration, JobProgress, WireError, decode
+from harmonaize.messages.jobhealth import ProgressState
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
 log = logging.getLogger(__name__)
@@ -229,7 +230,24 @@ class Store:
                         feed_seqs=self.load_feed_seqs(), latest=self.latest_conditions(),
                         declarations=tuple(self.load_declarations()),
                         feed_epoch=self.feed_epoch, notices=tuple(self.load_notices()),
-                        feed_offsets=self.load_feed_offsets())
+                        feed_offsets=self.load_feed_offsets(),
+                        progress=self.told_progress())
+
+    def told_progress(self) -> tuple[tuple[str, JobProgress], ...]:
+        """Per job topic and communicator, the last job-progress retained, where it
+        said active: (the owner, the message)."""
+        last: dict[tuple[str, int], JobProgress] = {}
+        for topic, frame in self.db.execute(
+                "SELECT topic, frame FROM feed_log WHERE topic LIKE 'job/%' AND condition = 0 "
+                "AND instr(frame, ?) > 0 ORDER BY topic, seq", (JobProgress.KIND.encode(),)):
+            try:
+                body = decode(frame).body
+            except WireError:
+                continue  # written by another version: nothing to withdraw from it
+            if isinstance(body, JobProgress):
+                last[(topic, body.comm)] = body
+        return tuple((topic.split("/")[1], body) for (topic, _), body in sorted(
+            last.items()) if body.state is ProgressState.ACTIVE)
 
     @contextmanager
     def _room(self) -> Iterator[None]:

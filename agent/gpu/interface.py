@@ -1,6 +1,9 @@
 """What the GPU domain offers the other domains: its types, its states and events, and
 the hooks by which validation and operators send a GPU events.
 
+Job health resolves a stats file's process to its job and rank as the GPU domain does
+its GPUs' processes (:class:`JobResolver`: the kernel backs the job's identity).
+
 Other domains import from here and nowhere else in ``agent.gpu`` (the architecture
 test checks it); the composition layer (``agent/step.py``, ``agent/daemon.py``) wires
 the engine itself.
@@ -11,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from agent.conditions import Action
+from agent.gpu.jobs import JobResolver
 from agent.gpu.record import GpuView
 from agent.gpu.rules import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL
 from agent.gpu.states import GpuEvent, GpuState
@@ -18,7 +22,7 @@ from agent.gpu.types import GpuSample, GpuSnapshot, JobRef
 from harmonaize.messages import HostEvent
 
 __all__ = ["HW_POWER_BRAKE", "HW_SLOWDOWN", "HW_THERMAL", "GpuEvent", "GpuSample",
-           "GpuSnapshot", "GpuState", "GpuStates", "GpuView", "JobRef"]
+           "GpuSnapshot", "GpuState", "GpuStates", "GpuView", "JobRef", "JobResolver"]
 
 
 class GpuStates(Protocol):

@@ -124,9 +124,13 @@ class JobResolver:
         facts = self._cache.get(pid)
         if facts is None:
             facts = self._read(pid)
-            if len(self._cache) > MAX_CACHED:
-                self._cache.clear()
-            self._cache[pid] = facts
+            # A root process is not cached: a launcher starts a rank as root and drops to
+            # the tenant's uid (setpriv, su) moments later, and what it was at the first
+            # look must not stand for what it is now. Root's processes on a GPU are few.
+            if facts.uid not in (0, None):
+                if len(self._cache) > MAX_CACHED:
+                    self._cache.clear()
+                self._cache[pid] = facts
         # Judged at every look (cheap): a job's group may arrive after its processes.
         job = self._judge(pid, facts)
         return JobRef(job, facts.rank) if job is not None else None

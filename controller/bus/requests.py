@@ -50,6 +50,8 @@ def command(core: ControllerCore, store: Store, name: str, args: dict[str, Any],
         return views.pools(core), []
     if name == "privacy":
         return views.privacy(core, now), []
+    if name == "job-findings":
+        return core.jobhealth.view(now), []
     if name == "events":
         limit = args.get("limit", 50)
         if isinstance(limit, bool) or not isinstance(limit, int) or \

@@ -41,6 +41,8 @@ def args_for(ns: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(placement, dict):
             raise SystemExit(f"harmonctl: {ns.file.name}: expected a JSON object")
         return placement
+    if ns.command == "job-health":
+        return {"job": ns.job} if ns.job else {}
     if ns.command in ("unplace", "policy"):
         return {"job": ns.job}
     if ns.command == "token" and ns.action == "issue":

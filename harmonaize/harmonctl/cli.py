@@ -28,6 +28,7 @@ from harmonaize.harmonctl.controller import (
     render_events,
     render_feed,
     render_hosts,
+    render_job_findings,
     render_placements,
     render_pools,
     render_privacy,
@@ -38,6 +39,7 @@ from harmonaize.harmonctl.parser import (
     completion_script,
     normalize,
 )
+from harmonaize.jobhealthtables import render_job_health
 from harmonaize.rdmatables import render_rdma
 from harmonaize.schedulertables import render_scheduler
 from harmonaize.tables import fields, table
@@ -66,6 +68,7 @@ AGENT_RENDERERS: dict[str, Renderer] = {
     "gpus": render_gpus,
     "health": render_health,
     "energy": render_energy,
+    "job-health": render_job_health,
     "validations": render_validations,
     "remediation": render_remediation,
     "jobs": render_jobs,
@@ -84,6 +87,7 @@ CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "tenants": render_tenants,
     "pools": render_pools,
     "privacy": render_privacy,
+    "job-findings": render_job_findings,
     "scheduler": render_scheduler,
     "scheduler-cancel": render_scheduler,
     "scheduler-release": render_scheduler,

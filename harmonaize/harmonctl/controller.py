@@ -141,3 +141,36 @@ def render_privacy(result: dict[str, Any]) -> str:
         ("epsilon_per_release", "EPS/RELEASE"), ("gpu_noise_scale", "GPU NOISE"),
         ("host_noise_scale", "HOST NOISE"), ("next_release_in", "NEXT IN S"),
     ])
+
+
+def render_job_findings(result: dict[str, Any]) -> str:
+    """Findings in force (ranks with their hosts), then the recent history, newest last."""
+    rows = [{**f, "ranks": ", ".join(f"{r['rank']}@{r['host']} ({r['process']}, "
+                                     f"{r['collectives']})" for r in f["ranks"][:8])
+             + (" ..." if len(f["ranks"]) > 8 else ""),
+             "told": "yes" if f["tenant_told"] else "operators only"}
+            for f in result.get("findings", [])]
+    out = table(rows, [
+        ("job", "JOB"), ("tenant", "TENANT"), ("comm", "COMM"), ("finding", "FINDING"),
+        ("cause", "CAUSE"), ("at_collective", "AT"), ("ranks", "RANKS@HOSTS"),
+        ("told", "TENANT TOLD")]) if rows else "no hang, stall or straggler in force"
+    history = [{**h, "what": h.get("event", ""), "detail": _history_detail(h)}
+               for h in result.get("history", [])[-20:]]
+    if history:
+        out += "\n\n" + table(history, [("at", "AT"), ("job", "JOB"), ("what", "WHAT"),
+                                        ("detail", "DETAIL")])
+    counters = result.get("counters", {})
+    return out + "\n\n" + fields([
+        ("communicators watched", result.get("communicators", 0)),
+        ("application XIDs", json.dumps(result.get("application_xids", {}), sort_keys=True)),
+        ("reports", json.dumps(counters, sort_keys=True))])
+
+
+def _history_detail(entry: dict[str, Any]) -> str:
+    if entry.get("event") == "xid":
+        return (f"XID {entry['xid']} ({entry['fault']}) on {entry['host']}, ranks "
+                f"{', '.join(entry['ranks']) or '-'}"
+                + (", teardown" if entry.get("teardown") else ""))
+    ranks = ", ".join(f"{r['rank']}@{r['host']}" for r in entry.get("ranks", [])[:8])
+    return (f"{entry.get('state')} comm {entry.get('comm')} ({entry.get('cause')}) at "
+            f"{entry.get('at_collective')}: {ranks}")

@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="why the host and each GPU are in their state, and what to do")
     sub.add_parser("energy", parents=[common],
                    help="power limits per GPU: set, original, draw, energy saved, and why")
+    job_health = sub.add_parser("job-health", parents=[common],
+                                help="jobs' communicators here: counts, finding, cause, the "
+                                "ranks behind with pid and process state")
+    job_health.add_argument("--job", default=None, help="only this job")
     drain = sub.add_parser("drain", parents=[common],
                            help="withdraw this host (or one GPU, --gpu) from capacity")
     drain.add_argument("--reason", default="drained by operator")
@@ -107,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pools", parents=[common], help="(controller) pools: hosts and GPUs")
     sub.add_parser("privacy", parents=[common],
                    help="(controller) the private feed's ε spent per pool over 24 h")
+    sub.add_parser("job-findings", parents=[common],
+                   help="(controller) jobs' hangs, stalls, stragglers and application XIDs, "
+                   "with hosts, and their recent history")
     token = sub.add_parser("token", parents=[common],
                            help="(controller) tenants' HTTP gateway tokens: issue, list, revoke")
     token_sub = token.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -150,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Commands ``watch`` may repeat: they only read.
 WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "remediation",
              "hosts", "capacity", "events", "jobs", "feed", "tenants", "pools", "privacy",
-             "energy", "scheduler")
+             "energy", "scheduler", "job-health", "job-findings")
 
 
 #: Commands answered by harmonctl itself, without a daemon.

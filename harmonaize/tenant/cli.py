@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize import keys, wireaudit
-from harmonaize.messages import JobDeclaration, PoolCapacity
+from harmonaize.messages import ApplicationXid, JobDeclaration, JobProgress, PoolCapacity
+from harmonaize.messages.jobhealth import Cause, Finding, ProgressState
 from harmonaize.schema import from_plain, to_plain
 from harmonaize.tenant.client import FeedClient, FeedError, FeedMessage, RequestError
 
@@ -27,7 +28,41 @@ def describe(message: FeedMessage) -> str:
             f"hosts_down={body.hosts_down} gpus_available={body.gpus_available} "
             f"trend={body.trend.value}"
         )
+    if isinstance(body, JobProgress):
+        return describe_progress(body)
+    if isinstance(body, ApplicationXid):
+        ranks = ", ".join(body.ranks) or "a rank of the job"
+        return (f"job {body.job}: your process on rank {ranks} hit XID {body.xid} "
+                f"({body.fault.value})" + (" while it was ending" if body.teardown else "")
+                + ": the job's own fault, no hardware was taken out of service")
     return " ".join(f"{k}={v}" for k, v in to_plain(body).items())
+
+
+#: What each finding says of the ranks named, in a line.
+FINDING_TEXT = {
+    Finding.HANG: "did not issue collective {at}, which the job's other ranks wait in",
+    Finding.STALL: "stopped with every rank at collective {at}",
+    Finding.STRAGGLER: "are the last to issue collectives, behind by a margin, since {at}",
+}
+CAUSE_TEXT = {
+    Cause.PROCESS_EXITED: "the rank's process exited",
+    Cause.PROCESS_NOT_RUNNING: "the rank's process is stopped or stuck in the kernel",
+    Cause.GPU_FAULT: "the rank's GPU has a fault",
+    Cause.NETWORK: "the rank's host's network has errors",
+    Cause.PAUSED: "the job paused itself",
+    Cause.UNKNOWN: "its process runs; no fault found",
+}
+
+
+def describe_progress(body: JobProgress) -> str:
+    """One readable line: which ranks, what, why (the --json line keeps every field)."""
+    ranks = ", ".join(body.ranks) or "-"
+    what = FINDING_TEXT.get(body.finding, body.finding.value).format(at=body.at_collective)
+    if body.state is ProgressState.WITHDRAWN:
+        return (f"job {body.job} comm {body.comm:#x}: {body.finding.value} of rank(s) {ranks} "
+                "withdrawn: the ranks move again, or the job ended")
+    return (f"job {body.job} comm {body.comm:#x}: {body.finding.value.upper()}: rank(s) "
+            f"{ranks} {what} ({body.cause.value}: {CAUSE_TEXT.get(body.cause, '')})")
 
 
 DEFAULT_FEED = "tcp://127.0.0.1:7401"

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent"
 
 #: The agent's domains: siblings, none above another.
-DOMAINS = ("energy", "gpu", "host", "links", "rdma", "remediation", "tuning", "validation")
+DOMAINS = ("energy", "gpu", "host", "jobhealth", "links", "rdma", "remediation", "tuning",
+           "validation")
 #: What every domain may use: layers under the domains, with no domain logic.
 LAYERS = ("agent.kernel", "agent.plugin", "agent.conditions", "agent.observers.base")
 #: Packages outside the agent that any agent module may use.

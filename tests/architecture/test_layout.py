@@ -21,12 +21,12 @@ ENGINES = (
     "agent.step", "agent.host.rules", "agent.gpu.health", "agent.gpu.rules", "agent.gpu.record",
     "agent.gpu.attribution", "agent.gpu.xidevents", "agent.kernel.kmsgformat",
     "agent.gpu.states", "agent.energy.engine", "agent.energy.jobs", "agent.energy.types",
-    "agent.links.health",
+    "agent.links.health", "agent.jobhealth.engine", "agent.jobhealth.types",
     "agent.tuning.loop", "agent.tuning.policies", "agent.plugin.layout",
     "agent.tuning.phases", "agent.tuning.entries", "agent.tuning.jobstate",
     "agent.tuning.readiness", "agent.tuning.reports", "agent.tuning.multihost",
     "agent.tuning.adoption", "agent.tuning.htbplan", "agent.plugin.policy", "agent.plugin.codec",
-    "agent.plugin.reference", "agent.plugin.stats", "harmonaize.hysteresis",
+    "agent.plugin.reference", "agent.plugin.stats", "harmonaize.hysteresis", "harmonaize.progress",
     "agent.validation.planner", "agent.conditions", "agent.outbox", "agent.declarations",
     "agent.rdma.cc", "agent.rdma.ccparams",
     "agent.remediation.engine", "agent.remediation.types",
@@ -34,6 +34,7 @@ ENGINES = (
     "controller.agreementphases", "controller.agreementrules", "controller.agreementstate",
     "controller.redactionconfig", "controller.poolredaction", "controller.jobredaction",
     "controller.coreagents", "controller.corestate", "controller.coretenants",
+    "controller.jobhealth", "controller.corejobhealth",
     "controller.declarations", "controller.publications", "controller.outputs",
     "controller.views", "controller.types", "controller.notices",
     "controller.scheduler.engine", "controller.scheduler.table",
@@ -49,7 +50,8 @@ IO_MODULES = frozenset({
 CLOCKS = {("time", "time"), ("time", "monotonic"), ("time", "perf_counter"),
           ("time", "time_ns"), ("time", "monotonic_ns"), ("datetime", "now")}
 
-DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy")
+DOMAINS = ("gpu", "links", "rdma", "host", "tuning", "validation", "remediation", "energy",
+           "jobhealth")
 #: Layers every domain may use: the kernel's interfaces, the tuner plugin's files.
 LAYERS = ("kernel", "plugin")
 #: The agent's top level besides the domains: the shell and a few shared modules.

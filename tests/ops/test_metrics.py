@@ -45,7 +45,9 @@ ALLOWED_LABELS = {"observer", "state", "hook", "health", "type", "reason", "outc
                   # traffic class and where a drop happened.
                   "device", "direction", "class", "source",
                   "setting",  # a DCQCN setting's name (RDMA congestion control)
-                  "machine"}  # a state machine's name (illegal moves refused)
+                  "machine",  # a state machine's name (illegal moves refused)
+                  "finding", "cause",  # a job-health finding and its cause class (fixed sets)
+                  "fault"}  # an application XID's fault class (a fixed set)
 
 
 def parse_text(text: str) -> dict[str, object]:

@@ -192,3 +192,19 @@ def test_item12_a_jobs_group_made_on_the_host_after_its_placement_counts_then(
         assert resolver.resolve(4242) == JobRef("job-c", "3")
     finally:
         subprocess.run(["groupdel", name], check=False, capture_output=True)
+
+
+def test_a_rank_seen_while_root_is_judged_again_once_it_dropped_to_the_tenants_uid(
+        tmp_path: Path) -> None:
+    """A launcher starts a rank as root and drops privileges a moment later: the first
+    look (root's: the host's own) must not stand for the process once it is a tenant's."""
+    process = tmp_path / "4343"
+    process.mkdir()
+    (process / "environ").write_bytes(b"HARMONAIZE_JOB=job-d\0RANK=5\0")
+    (process / "cgroup").write_text("0::/\n")
+    (process / "status").write_text("Uid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t\n")
+    resolver = JobResolver(tmp_path, group_of=lambda job: "0")  # a group it does not hold
+    assert resolver.resolve(4343) == JobRef("job-d", "5")  # root's claim: the host's own
+    (process / "status").write_text("Uid:\t65534\t65534\t65534\t65534\n"
+                                    "Gid:\t65534\t65534\t65534\t65534\nGroups:\t\n")
+    assert resolver.resolve(4343) is None  # now a tenant's, outside the job's group
