@@ -6,7 +6,8 @@ here. Time is a parameter.
 
 The rules, in order (``docs/operator-guide.md``, "XID attribution"):
 
-1. An XID the catalog gives only hardware causes is the hardware's, always.
+1. An XID the catalog gives only hardware causes is the hardware's, always; so is one
+   no fault class (:data:`agent.gpu.xid.FAULTS`) could tell a job's owner of.
 2. Otherwise the XID must be tied to one job's process on that GPU:
    a. the kernel's line for it (same GPU by PCI address, same XID, within
       ``match_window``) names the pid of a job's process on that GPU (now, or gone
@@ -33,7 +34,7 @@ from enum import StrEnum
 from functools import partial
 
 from agent.gpu.types import JobRef
-from agent.gpu.xid import Attribution, Effect, XidInfo, lookup
+from agent.gpu.xid import FAULTS, Attribution, Effect, XidInfo, lookup
 from agent.kernel.kmsgformat import KernelXid, PciKey
 
 #: Kernel lines and departed processes kept, at most (a tenant's churn is bounded here).
@@ -167,6 +168,8 @@ class XidAttributor:
             self.lines.remove(next(x for x in self.lines if x[0] is line))  # used once
         if info.attribution is Attribution.HARDWARE:
             return self._hardware(item, info, "the catalog lists only hardware causes")
+        if item.xid not in FAULTS:
+            return self._hardware(item, info, "no fault class tells a job's owner of it")
         gpu = self.gpus.setdefault(item.gpu, _Gpu())
         tie = self._tie(gpu, item, info, line)
         if isinstance(tie, str):

@@ -62,7 +62,7 @@ class XidInfo:
     cites: str = ""
 
 
-H, A, E = Attribution.HARDWARE, Attribution.APPLICATION, Attribution.EITHER
+H, A = Attribution.HARDWARE, Attribution.APPLICATION
 _CATALOG = [
     XidInfo(13, "graphics engine exception", Action.RESTART_APP, Effect.NONE,
             Reason.APPLICATION, A, "listing: user application the usual cause (array out "
@@ -101,8 +101,11 @@ _CATALOG = [
             "application must restart); cause hardware"),
     XidInfo(95, "uncontained ECC error", Action.RESET_GPU, Effect.QUARANTINE,
             Reason.GPU_MEMORY, H, "listing: uncontained memory error; cause hardware"),
+    # The listing names the application among 109's causes, but its action is a GPU
+    # reset and no fault class tells a job's owner of it: an "either" the agent keeps as
+    # the hardware's (in doubt, hardware).
     XidInfo(109, "context switch timeout", Action.RESET_GPU, Effect.QUARANTINE,
-            Reason.GPU_FAILURE, E, "listing: context switch timeout error; causes hardware, "
+            Reason.GPU_FAILURE, H, "listing: context switch timeout error; causes hardware, "
             "driver, user application, system memory, bus, thermal, frame buffer"),
     XidInfo(119, "GSP RPC timeout", Action.RESET_GPU, Effect.QUARANTINE, Reason.GPU_FAILURE, H,
             "catalog: GSP RPC timeout; RESET_GPU"),
@@ -121,7 +124,8 @@ def lookup(xid: int) -> XidInfo:
                                        Reason.GPU_FAILURE)
 
 
-#: What a job's owner is told of an XID judged its own process's.
+#: What a job's owner is told of an XID judged its own process's (the controller's
+#: table is the same): an XID with none here is never judged the application's.
 FAULTS = {13: Fault.GRAPHICS_EXCEPTION, 31: Fault.MEMORY_MANAGEMENT,
           43: Fault.STOPPED_PROCESSING, 45: Fault.CLEANUP_AFTER_ERROR,
-          94: Fault.CONTAINED_MEMORY_ERROR, 109: Fault.STOPPED_PROCESSING}
+          94: Fault.CONTAINED_MEMORY_ERROR}
