@@ -1,7 +1,8 @@
 """XID attribution in the real agent: fake GPUs (the real pynvml on the fake NVML), a
 fake kernel log source in /dev/kmsg's format, tenant stand-in processes, the real
-controller. An application's XID quarantines nothing and goes out as the job's own; a
-hardware XID still quarantines; a forged kernel line ties nothing."""
+controller and a tenant's feed. An application's XID quarantines nothing and reaches the
+job's owner as its own; a hardware XID still quarantines; a forged kernel line ties
+nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harmonaize.messages import ApplicationXid
 from testbed.fakekmsg import FakeKernelLog
 from tests.daemons import (
     NO_LINKS,
@@ -21,6 +23,7 @@ from tests.daemons import (
     gpu_section,
     start_agent,
     start_controller,
+    tenant_feed,
     wait_until,
 )
 
@@ -40,6 +43,27 @@ def xids(agent: Agent, index: int) -> list[dict]:
     return gpu(agent, index)["recent_xids"]
 
 
+def owner_told(tenant) -> object:
+    """The next application-xid the job's owner receives (through the controller)."""
+    while True:
+        message = tenant.recv(timeout=15)
+        assert message is not None, "no application-xid reached the job's owner"
+        if isinstance(message.body, ApplicationXid):
+            return message
+
+
+def teardown_xid(agent: Agent, fake, c0: subprocess.Popen) -> None:
+    """A teardown: job-c's process ends and leaves its GPU, then the driver cleans up."""
+    c0.send_signal(signal.SIGKILL)
+    c0.wait()
+    fake.set(5, processes=None)
+    wait_until(lambda: not gpu(agent, 5)["jobs"], what="job-c gone from gpu 5")
+    fake.inject_xid(5, 45)
+    (teardown,) = wait_until(lambda: xids(agent, 5), what="xid 45 attributed")
+    assert (teardown["verdict"], teardown["job"]) == ("application", "job-c")
+    assert gpu(agent, 5)["state"] == "healthy"
+
+
 def test_an_application_xid_quarantines_nothing_and_a_hardware_xid_still_does(
         spawn, workdir: Path) -> None:
     controller = start_controller(spawn, workdir)
@@ -55,13 +79,26 @@ def test_an_application_xid_quarantines_nothing_and_a_hardware_xid_still_does(
                                                           "kmsg_wait = 1.0\n"))
     wait_until(lambda: len(gpu(agent, 5)["jobs"]) == 1 and len(gpu(agent, 2)["jobs"]) == 2,
                what="the jobs on their GPUs")
-
-    # The kernel names job-b's process: its own fault, though job-a shares the GPU.
-    kmsg.xid(2, 31, pid=b0.pid, name="python")
-    fake.inject_xid(2, 31)
-    (seen,) = wait_until(lambda: xids(agent, 2), what="xid 31 attributed")
-    assert (seen["xid"], seen["verdict"], seen["job"]) == (31, "application", "job-b")
-    assert gpu(agent, 2)["state"] == "healthy"
+    for job, member in (("job-b", "0"), ("job-c", "5")):
+        controller.request("place", {"job": job, "tenant": "acme",
+                                     "members": [{"name": member, "host": "g1"}]})
+    feed = tenant_feed(controller, ["job/acme/"])
+    told: list = []
+    with feed as tenant:
+        # The kernel names job-b's process: its own fault, though job-a shares the GPU.
+        kmsg.xid(2, 31, pid=b0.pid, name="python")
+        fake.inject_xid(2, 31)
+        (seen,) = wait_until(lambda: xids(agent, 2), what="xid 31 attributed")
+        assert (seen["xid"], seen["verdict"], seen["job"]) == (31, "application", "job-b")
+        assert gpu(agent, 2)["state"] == "healthy"
+        told.append(owner_told(tenant))
+        teardown_xid(agent, fake, c0)
+        told.append(owner_told(tenant))
+    assert [(m.topic, m.body.job, m.body.xid, m.body.fault.value, m.body.ranks,
+             m.body.teardown) for m in told] == [
+        ("job/acme/job-b/", "job-b", 31, "memory-management", ("0",), False),
+        ("job/acme/job-c/", "job-c", 45, "cleanup-after-error", ("5",), True)]
+    assert not any("g1" in repr(m) or "GPU-" in repr(m) or "PCI" in repr(m) for m in told)
 
     # The same line written by a process (LOG_USER) is a forgery: no tie, doubt.
     kmsg.xid(3, 31, pid=b0.pid, name="python", facility=1)
@@ -69,16 +106,6 @@ def test_an_application_xid_quarantines_nothing_and_a_hardware_xid_still_does(
     (doubt,) = wait_until(lambda: xids(agent, 3), what="xid 31 on gpu 3 attributed")
     assert doubt["verdict"] == "hardware"
     wait_until(lambda: gpu(agent, 3)["state"] == "suspect", what="gpu 3 suspect")
-
-    # A teardown: job-c's process ends and leaves its GPU, then the driver cleans up.
-    c0.send_signal(signal.SIGKILL)
-    c0.wait()
-    fake.set(5, processes=None)
-    wait_until(lambda: not gpu(agent, 5)["jobs"], what="job-c gone from gpu 5")
-    fake.inject_xid(5, 45)
-    (teardown,) = wait_until(lambda: xids(agent, 5), what="xid 45 attributed")
-    assert (teardown["verdict"], teardown["job"]) == ("application", "job-c")
-    assert gpu(agent, 5)["state"] == "healthy"
 
     # A hardware XID with a job's pid in the kernel's line is the hardware's still.
     kmsg.xid(4, 48, pid=a0.pid)
