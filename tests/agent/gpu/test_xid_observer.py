@@ -27,11 +27,12 @@ def test_a_running_process_is_not_ending_a_zombie_and_a_gone_one_are() -> None:
     try:
         assert not process_ending(PROC, proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
+        stat = PROC / str(proc.pid) / "stat"
         deadline = time.monotonic() + 10
-        while not process_ending(PROC, proc.pid):  # a zombie until reaped
-            assert time.monotonic() < deadline, "never seen as a zombie"
+        while stat.read_text().rpartition(")")[2].split()[0] != "Z":  # until reaped
+            assert time.monotonic() < deadline, "never a zombie"
             time.sleep(0.01)
-        assert (PROC / str(proc.pid) / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
+        assert process_ending(PROC, proc.pid)
     finally:
         proc.kill()
         proc.wait()
