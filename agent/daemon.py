@@ -365,6 +365,10 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
                         advisory.reason, advisory.urgency.value)
             self.advisories_sent += 1
             self._publish(advisory)
+        for fault in result.gpus.application_xids:  # the job's own: for its owner
+            log.warning("xid %d is job %s's own (%s)%s", fault.xid, fault.job,
+                        fault.fault.value, ", at its teardown" if fault.teardown else "")
+            self._publish(fault)
         if self.validation is not None:
             self.validation.step(result.gpus.gpus, now)
         if self.remediation is not None:

@@ -9,7 +9,7 @@ Time is a parameter; nothing here reads a clock or does I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.conditions import ConditionTracker, Finding, health_of
@@ -91,7 +91,10 @@ class HostHealthEngine:
                         for a, b in zip(inputs, self._last[0], strict=True)) \
                 and now < self.next_deadline():
             previous = self._last[2]
-            return HealthStep(previous.summary, [], [], previous.gpus, previous.links)
+            # News (events, advice, a job's own XIDs) goes out once: only the state repeats.
+            return HealthStep(previous.summary, [], [],
+                              replace(previous.gpus, events=[], advisories=[],
+                                      application_xids=[]), previous.links)
         step = self._step(observations, now, failing, drained, validation_failure,
                           extra=extra)
         self._last = (inputs, now, step)

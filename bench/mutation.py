@@ -92,6 +92,12 @@ MODULES = {
         "_suspect_gpus_for_the_host",
         "tests/agent/gpu/test_states.py::test_each_xid_is_an_event_by_its_effect_and_a_reload"
         "_judges_every_gpu_again"],
+    # Whose fault an XID is, rule by rule; and the kernel log's record format.
+    "agent/gpu/attribution.py": ["tests/agent/gpu/test_xid_attribution.py",
+                                 "tests/agent/gpu/test_xid_attribution_edges.py"],
+    "agent/kernel/kmsgformat.py": ["tests/agent/kernel/test_kmsg.py",
+                                   "tests/agent/kernel/test_kmsg_format.py",
+                                   "tests/agent/kernel/test_kmsg_properties.py"],
     "controller/scheduler/engine.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/table.py": SCHEDULER_ENGINE_TESTS,
     "controller/scheduler/reasons.py": SCHEDULER_ENGINE_TESTS,

@@ -22,6 +22,7 @@ from typing import Any
 
 from harmonaize.opsocket import CommandError, request
 from testbed.fakegpu import STATE_ENV, FakeNvml, library_path
+from testbed.fakekmsg import FakeKernelLog
 from testbed.keyring import Keyring
 from testbed.netns import Lab
 
@@ -108,6 +109,8 @@ class TestCluster:
         self.controller: subprocess.Popen[Any] | None = None
         #: Each agent host's fake GPUs, for scenarios to break.
         self.gpus: dict[str, FakeNvml] = {}
+        #: Each host's fake kernel log (the driver's XID lines), kept across restarts.
+        self.kmsg: dict[str, FakeKernelLog] = {}
         #: Every daemon and tenant authenticates with CurveZMQ, as in production.
         self.keys = Keyring(workdir / "keys")
 
@@ -166,7 +169,10 @@ class TestCluster:
             fake = self.gpus.get(host) or FakeNvml(self.workdir / f"{host}.gpus", gpus=gpus)
             self.gpus[host] = fake
             env[STATE_ENV] = str(fake.path)
-            gpu_section = f'[observers.gpu]\nnvml_library = "{library_path()}"\n'
+            kmsg = self.kmsg.get(host) or FakeKernelLog(self.workdir / f"{host}.kmsg")
+            self.kmsg[host] = kmsg
+            gpu_section = (f'[observers.gpu]\nnvml_library = "{library_path()}"\n'
+                           f'kmsg_path = "{kmsg.path}"\n')
             # A burn test with this GPU class's baseline, as an operator would configure.
             validation = (
                 "[validation]\nnotice_lead = 2\n[[validation.commands]]\nname = \"burn\"\n"

@@ -2,7 +2,8 @@
 
 A controller, two GPU hosts and a tenant, each in its own network namespace on
 one bridge. The tenant watches its feed while hosts join, an operator looks at
-a host, one host's agent stops and comes back. Then a Slurm act
+a host, one host's agent stops and comes back; a job's rank hits an XID of its own
+making, which quarantines nothing. Then a Slurm act
 (:mod:`testbed.demoslurm`): a job placed by Slurm alone, its GPU failing,
 the node drained in Slurm, the reset, the validation, the resume. Everything is torn
 down at the end, also on Ctrl-C or an error.
@@ -109,6 +110,23 @@ def switches(rank: RankProcess) -> str:
                      for index, algo, proto, ch in rows)
 
 
+def application_xid(cluster: TestCluster, rank: RankProcess) -> None:
+    """A rank's own fault on its GPU: judged the job's, it quarantines nothing."""
+    say("h1's rank hits an illegal address on gpu 0 (XID 31), and the driver's line in "
+        "the kernel log names its process: the job's own fault; the GPU stays healthy, "
+        "nothing is drained, the job's owner is told")
+    fake = cluster.gpus["h1"]
+    fake.set(0, processes={rank.proc.pid: 1 << 30})
+    gpu = lambda: cluster.agent_request("h1", "gpus")["gpus"][0]  # noqa: E731
+    wait_until(lambda: gpu()["jobs"], 20, "the rank on gpu 0")
+    cluster.kmsg["h1"].xid(0, 31, pid=rank.proc.pid, name="python3")
+    fake.inject_xid(0, 31)
+    wait_until(lambda: gpu()["recent_xids"], 20, "the XID to be judged")
+    print(indent(cluster.harmonctl("h1", "gpus").split("\n\n")[-1]), flush=True)
+    print(f"   gpu 0 is {gpu()['state']}", flush=True)
+    fake.set(0, processes=None)
+
+
 def retune(cluster: TestCluster) -> None:
     """A job across h1 and h2 retuned live, every rank switching at the same collective,
     also with one host's agent SIGKILLed mid-job."""
@@ -159,6 +177,7 @@ def retune(cluster: TestCluster) -> None:
             health.wait_for(lambda m: m.get("kind") == "job-health"
                             and m["body"].get("tuning_choice") != "default", 20,
                             "job-health with the new choice", on_message=show_tenant)
+            application_xid(cluster, ranks[0])
             say("SIGKILL h1's agent mid-job: its ranks keep what they follow (nothing reverts "
                 "on a timer); it restarts and adopts its policy file")
             cluster.stop_agent("h1", signal.SIGKILL)

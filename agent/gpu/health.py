@@ -17,17 +17,22 @@ parameter; nothing here reads a clock or does I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from agent.conditions import Action, Finding, worst
+from agent.gpu.attribution import AttributionSettings, XidAttributor
 from agent.gpu.record import GpuRecord, GpuRule, GpuView
 from agent.gpu.rules import rules
 from agent.gpu.settings import GpuObserverSection
 from agent.gpu.states import GPU, UNDECIDED, GpuEvent, GpuState
 from agent.gpu.types import XID_EVENT, GpuSample, GpuSnapshot
-from agent.gpu.xid import Effect, Reason, lookup
+from agent.gpu.xid import Effect, Reason
+from agent.gpu.xidevents import apply
+from agent.kernel.kmsgformat import pci_key
 from harmonaize.messages import (
     Advice,
+    ApplicationXid,
     Condition,
     GpuCounts,
     HostEvent,
@@ -54,6 +59,8 @@ class GpuStep:
     advisories: list[JobAdvisory]
     #: The most disruptive action any GPU needs.
     action: Action
+    #: XIDs judged a job's own process's, for the job's owner (through the controller).
+    application_xids: list[ApplicationXid] = field(default_factory=list)
 
 
 _RISK = {GpuState.SUSPECT: Urgency.ELEVATED, GpuState.VALIDATING: Urgency.ELEVATED,
@@ -64,6 +71,9 @@ class GpuHealthEngine:
     def __init__(self, cfg: GpuObserverSection) -> None:
         self.cfg = cfg
         self.gpus: dict[int, GpuRecord] = {}
+        self.attributor = XidAttributor(attribution_settings(cfg))
+        #: XIDs by whose fault they were judged (hardware, application).
+        self.xids_by_class: Counter[str] = Counter()
         self._advised: dict[str, tuple[Urgency, float]] = {}  # job -> (urgency, when)
         self._last: GpuStep | None = None
         self._last_at = float("-inf")
@@ -79,6 +89,7 @@ class GpuHealthEngine:
         """New rule settings: states, quarantines and counter windows stay; every GPU
         is judged again by the new rules at the next step."""
         self.cfg = cfg
+        self.attributor.settings = attribution_settings(cfg)
         for gpu in self.gpus.values():
             gpu.due = float("-inf")
         self.changed = True
@@ -154,6 +165,7 @@ class GpuHealthEngine:
         gpu.acknowledged_at = now
         gpu.windows.clear()
         gpu.xids.clear()
+        gpu.xid_effects.clear()
 
     # --- the step -------------------------------------------------------------------
 
@@ -169,12 +181,18 @@ class GpuHealthEngine:
             return GpuStep(self._last.gpus, self._last.counts, self._last.findings, [], [],
                            self._last.action)
         fresh, self._seen = seq != self._seen, seq
+        with_xids: set[int] = set()
+        applications: list[ApplicationXid] = []
+        if sample is not None and fresh:  # an old sample's events are done
+            self._attribute(sample, now)
+        for xid in self.attributor.decide(now):
+            if xid.gpu in self.gpus:
+                event, application = apply(self.gpus[xid.gpu], xid, now)
+                events.append(event)
+                self.xids_by_class[xid.verdict.value] += 1
+                applications += [application] if application is not None else []
+                with_xids.add(xid.gpu)
         if sample is not None:
-            with_xids = set()
-            for event in sample.events if fresh else ():  # an old sample's events are done
-                if event.type == XID_EVENT and event.gpu in self._known(sample):
-                    events.append(self._xid(self.gpus[event.gpu], event.data, now))
-                    with_xids.add(event.gpu)
             for snap in sample.gpus:
                 gpu = self.gpus.setdefault(snap.identity.index, GpuRecord(snap.identity.index))
                 jobs = sample.jobs.get(gpu.index, ())
@@ -189,6 +207,11 @@ class GpuHealthEngine:
                 gpu.jobs = jobs
                 self._evaluate(gpu, snap, sample.call_timeout, now, events)
                 evaluated = True
+        if sample is None:  # XIDs decided after their wait, with no new observation
+            for gpu in (self.gpus[i] for i in with_xids if self.gpus[i].snapshot):
+                assert gpu.snapshot is not None
+                self._evaluate(gpu, gpu.snapshot, self.cfg.call_timeout, now, events)
+                evaluated = True
         if evaluated or changed or self._last is None or now >= self._advise_due:
             views = tuple(g.view for _, g in sorted(self.gpus.items()) if g.view is not None)
             self._last = GpuStep(views, self._counts(), self._host_findings(), [],
@@ -197,9 +220,25 @@ class GpuHealthEngine:
             self._advise_due = min((at + self.cfg.advisory_interval
                                     for _, at in self._advised.values()), default=float("inf"))
             return GpuStep(self._last.gpus, self._last.counts, self._last.findings, events,
-                           self._last.advisories, self._last.action)
+                           self._last.advisories, self._last.action, applications)
         return GpuStep(self._last.gpus, self._last.counts, self._last.findings, events, [],
-                       self._last.action)
+                       self._last.action, applications)
+
+    def _attribute(self, sample: GpuSample, now: float) -> None:
+        """Hand the attribution what this observation saw: each GPU's processes and
+        their jobs, the kernel's XID lines, and NVML's XID events to decide."""
+        known = self._known(sample)
+        for snap in sample.gpus:
+            telemetry = snap.telemetry
+            pids = {p.pid: sample.owners.get(p.pid) for p in telemetry.processes} \
+                if telemetry else {}
+            self.attributor.observe(snap.identity.index, pci_key(snap.identity.pci_bus_id),
+                                    pids, sample.exiting, now,
+                                    listed=telemetry is not None and telemetry.processes_read)
+        self.attributor.kernel(sample.kernel_xids, now)
+        for event in sample.events:
+            if event.type == XID_EVENT and event.gpu in known:
+                self.attributor.report(event.gpu, event.data, now)
 
     def _evaluate(self, gpu: GpuRecord, snap: GpuSnapshot, call_timeout: float, now: float,
                   events: list[HostEvent]) -> None:
@@ -232,23 +271,13 @@ class GpuHealthEngine:
     def next_deadline(self) -> float:
         """When a step without news could change anything: the earliest GPU deadline or
         re-advice (the daemon may step at any time before; it is then a no-op)."""
-        return min([self._advise_due, *(g.due for g in self.gpus.values())])
+        return min([self._advise_due, self.attributor.next_deadline(),
+                    *(g.due for g in self.gpus.values())])
 
     def _known(self, sample: GpuSample) -> set[int]:
         for snap in sample.gpus:
             self.gpus.setdefault(snap.identity.index, GpuRecord(snap.identity.index))
         return set(self.gpus)
-
-    def _xid(self, gpu: GpuRecord, xid: int, now: float) -> HostEvent:
-        info = lookup(xid)
-        gpu.xid_count += 1
-        if info.effect is not Effect.NONE:
-            gpu.xids[xid] = now
-        severity = {Effect.NONE: Severity.INFO, Effect.SUSPECT: Severity.WARNING}.get(
-            info.effect, Severity.CRITICAL)
-        return HostEvent("Xid", severity,
-                         f"gpu {gpu.index}: xid {xid} ({info.meaning}): {info.action.value}")
-
 
     def _transition(self, gpu: GpuRecord, now: float) -> HostEvent | None:
         """The event the rules send this GPU, if any: findings that started after the
@@ -285,7 +314,8 @@ class GpuHealthEngine:
         actions = {r.finding.type: r.action for r in gpu.rules}
         return GpuView(gpu.index, gpu.uuid, gpu.name, gpu.state, gpu.why, gpu.since,
                        gpu.action if gpu.state is not GpuState.HEALTHY else Action.NONE,
-                       conditions, actions, gpu.jobs, gpu.xid_count, gpu.snapshot)
+                       conditions, actions, gpu.jobs, gpu.xid_count, gpu.snapshot,
+                       tuple(gpu.recent_xids))
 
     def _counts(self) -> GpuCounts:
         states = [g.state for g in self.gpus.values()]
@@ -342,6 +372,11 @@ class GpuHealthEngine:
         for job in [j for j in self._advised if j not in per_job]:
             del self._advised[job]  # the risk passed: advise again next time it rises
         return advisories
+
+
+def attribution_settings(cfg: GpuObserverSection) -> AttributionSettings:
+    return AttributionSettings(cfg.kmsg_wait, cfg.xid_match_window, cfg.teardown_window,
+                               cfg.xid_recur_window)
 
 
 def holding(view: GpuView) -> list[Condition]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 from agent.conditions import Action, ConditionTracker, Finding
 from agent.gpu.states import GpuState
@@ -43,6 +44,17 @@ class Window:
         return value - self.points[0][1]
 
 
+@dataclass(frozen=True)
+class XidSeen:
+    """An XID as the operator sees it: whose fault it was judged, and why."""
+
+    at: float
+    xid: int
+    verdict: str
+    why: str
+    job: str | None = None
+
+
 @dataclass
 class GpuRecord:
     """What the engine keeps of one GPU between steps (its state moves only by
@@ -60,6 +72,10 @@ class GpuRecord:
     previous: GpuCounters | None = None
     windows: dict[str, Window] = field(default_factory=dict)
     xids: dict[int, float] = field(default_factory=dict)  # xid -> last seen
+    #: The effect each held XID has on the GPU as attributed (over the catalog's).
+    xid_effects: dict[int, Effect] = field(default_factory=dict)
+    #: The latest XIDs with their attribution, for the operator.
+    recent_xids: deque[XidSeen] = field(default_factory=partial(deque, maxlen=16))
     xid_count: int = 0
     last_suspect_signal: float = float("-inf")
     jobs: tuple[JobRef, ...] = ()
@@ -97,4 +113,5 @@ class GpuView:
     jobs: tuple[JobRef, ...]
     xid_count: int
     snapshot: GpuSnapshot | None
+    recent_xids: tuple[XidSeen, ...] = ()
 

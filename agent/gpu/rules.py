@@ -44,19 +44,24 @@ def _xid_rules(cfg: GpuObserverSection, gpu: GpuRecord, now: float) -> Iterable[
     for xid, seen in list(gpu.xids.items()):
         if now - seen > cfg.xid_hold:
             del gpu.xids[xid]
-    infos = [lookup(x) for x in sorted(gpu.xids)]
+            gpu.xid_effects.pop(xid, None)
+    # The effect as attributed (an application-likely XID in doubt is at least suspect).
+    infos = [(info, gpu.xid_effects.get(x, info.effect))
+             for x in sorted(gpu.xids) if (info := lookup(x))]
     holds = bool(infos)
-    worst_info = max(infos, key=lambda i: (list(Effect).index(i.effect), i.action.rank),
-                     default=None)
+    worst = max(infos, key=lambda i: (list(Effect).index(i[1]), i[0].action.rank),
+                default=None)
     yield GpuRule(
         Finding("Xid", holds,
-                Severity.WARNING if worst_info and worst_info.effect is Effect.SUSPECT
+                Severity.WARNING if worst and worst[1] is Effect.SUSPECT
                 else Severity.CRITICAL,
                 "XidReported" if holds else "",
-                "; ".join(f"xid {i.xid} ({i.meaning})" for i in infos)[:1000]),
-        worst_info.action if worst_info else Action.NONE,
-        worst_info.effect if worst_info else Effect.NONE,
-        worst_info.reason if worst_info else Reason.GPU_FAILURE,
+                "; ".join(f"xid {i.xid} ({i.meaning})" for i, _ in infos)[:1000]),
+        worst[0].action if worst else Action.NONE,
+        worst[1] if worst else Effect.NONE,
+        # An application-likely XID held here was judged the hardware's.
+        worst[0].reason if worst and worst[0].reason is not Reason.APPLICATION
+        else Reason.GPU_FAILURE,
     )
 
 

@@ -25,7 +25,8 @@ class GpuObserverSection:
     LIVE: ClassVar[frozenset[str]] = frozenset({
         "sbe_per_minute", "pcie_replays_per_minute", "nvlink_crc_per_second",
         "nvlink_replays_per_minute", "retired_pages_limit", "slowdown_sustain",
-        "busy_utilization", "xid_hold", "suspect_clear", "advisory_interval"})
+        "busy_utilization", "xid_hold", "suspect_clear", "advisory_interval", "kmsg_wait",
+        "xid_match_window", "teardown_window", "xid_recur_window"})
     enabled: bool = True
     #: A specific libnvidia-ml.so.1 (tests and the demo use a fake); empty: the driver's.
     nvml_library: Annotated[str, Str(max_len=4096, pattern=r"/.*")] = ""
@@ -74,6 +75,20 @@ class GpuObserverSection:
     suspect_clear: Annotated[float, Num(0.0, 86400.0)] = 600.0
     #: At most one checkpoint advisory per job in this many seconds, unless it gets worse.
     advisory_interval: Annotated[float, Num(0.0, 86400.0)] = 60.0
+    #: The kernel's log, read for the driver's XID lines (which name the process): the
+    #: kernel's /dev/kmsg, or a file or FIFO written in its format (tests, the demo);
+    #: "" reads none (XIDs are then attributed without the kernel's word).
+    kmsg_path: Annotated[str, Str(max_len=4096, pattern=r"(/.*)?")] = "/dev/kmsg"
+    #: Read the kernel's log from its oldest record instead of from the agent's start.
+    kmsg_from_start: bool = False
+    #: Seconds an application-likely XID waits for the driver's line naming its process.
+    kmsg_wait: Annotated[float, Num(0.0, 60.0)] = 2.0
+    #: Seconds between an XID event and the driver's line for them to be the same XID.
+    xid_match_window: Annotated[float, Num(0.1, 600.0)] = 10.0
+    #: Seconds before an XID in which a job's process leaving the GPU makes a teardown.
+    teardown_window: Annotated[float, Num(0.0, 600.0)] = 5.0
+    #: Seconds in which the same XID on a GPU under a different job is the hardware's.
+    xid_recur_window: Annotated[float, Num(0.0, 30 * 86400.0)] = 3600.0
 
     def __post_init__(self) -> None:
         if self.job_cgroup_pattern:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from agent.kernel.kmsgformat import KernelXid
+
 #: NVML event types (nvml.h's nvmlEventType*).
 XID_EVENT = 0x8
 SBE_EVENT = 0x1
@@ -113,5 +115,12 @@ class GpuSample:
     #: The observer's number for this observation: a repeated number is the same one
     #: (nothing read since), a new number may carry news and carries new events.
     seq: int = 0
+    #: Per pid of a GPU process, its job (processes of no job are absent).
+    owners: dict[int, JobRef] = field(default_factory=dict)
+    #: GPU processes (and processes the kernel's XID lines name) that /proc shows
+    #: exiting, a zombie or gone; read only when the sample carries XIDs.
+    exiting: frozenset[int] = frozenset()
+    #: The driver's XID lines the kernel logged since the last observation.
+    kernel_xids: tuple[KernelXid, ...] = ()
 
 

@@ -39,6 +39,7 @@ def gpu_row(view: GpuView) -> dict[str, Any]:
         "processes": [to_plain(p) for p in telemetry.processes] if telemetry else [],
         "jobs": [to_plain(j) for j in view.jobs],
         "xids": view.xid_count,
+        "recent_xids": recent_xids(view),
         "hung_call": snap.hung_call if snap else None,
         "error": snap.error if snap else "",
     }
@@ -52,9 +53,16 @@ def health_row(view: GpuView) -> dict[str, Any]:
         "since": view.since,
         "action": view.action.value,
         "xids": view.xid_count,
+        "recent_xids": recent_xids(view),
         "jobs": [to_plain(j) for j in view.jobs],
         "conditions": [
             {**to_plain(c), "action": view.actions.get(c.type, "none")}
             for c in holding(view)
         ],
     }
+
+
+def recent_xids(view: GpuView) -> list[dict[str, Any]]:
+    """The GPU's latest XIDs, newest last: when, which, whose fault they were judged
+    (hardware or application), why, and the job for an application's."""
+    return [to_plain(x) for x in view.recent_xids]

@@ -145,6 +145,12 @@ def render_gpus(result: dict[str, Any]) -> str:
             ("remap", "REMAP C/U"), ("pcie", "PCIE"), ("nvlink", "NVLINK"), ("xids", "XIDS"),
             ("job", "JOB"), ("action", "ACTION"),
         ])]
+    xids = [{"gpu": gpu["index"], "age": _age(x["at"]), **x,
+             "job": x.get("job") or "-"}
+            for gpu in result.get("gpus", []) for x in gpu.get("recent_xids", [])]
+    if xids:
+        parts += ["", table(xids, [("gpu", "GPU"), ("age", "AGO"), ("xid", "XID"),
+                                   ("verdict", "CLASS"), ("job", "JOB"), ("why", "WHY")])]
     return "\n".join(parts)
 
 

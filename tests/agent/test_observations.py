@@ -43,7 +43,7 @@ def test_the_gpu_engine_judges_by_numbers_not_by_objects() -> None:
     from tests.agent.gpu.test_health import sample  # noqa: PLC0415
 
     engine = GpuHealthEngine(GpuObserverSection())
-    first = sample(xids=(13,))
+    first = sample(xids=(999,))
     engine.step(first, 0.0)
     assert engine.gpus[0].xid_count == 1
     # An equal copy under the same number is the same observation: its XID is not
@@ -57,7 +57,7 @@ def test_the_gpu_engine_judges_by_numbers_not_by_objects() -> None:
     engine.step(quiet, 0.2)
     assert engine.gpus[0].evaluated_at == evaluated
     # ... and a new observation's events count even with the same readings.
-    again = GpuSample(first.gpus, (NvmlEvent(0, XID_EVENT, 13, 0.3),), call_timeout=2.0,
+    again = GpuSample(first.gpus, (NvmlEvent(0, XID_EVENT, 999, 0.3),), call_timeout=2.0,
                       seq=first.seq + 10_001)
     engine.step(again, 0.3)
     assert engine.gpus[0].xid_count == 2 and engine.gpus[0].evaluated_at == 0.3

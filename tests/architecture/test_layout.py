@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The sans-I/O engines: decisions from inputs and an explicit ``now``.
 ENGINES = (
     "agent.step", "agent.host.rules", "agent.gpu.health", "agent.gpu.rules", "agent.gpu.record",
+    "agent.gpu.attribution", "agent.gpu.xidevents", "agent.kernel.kmsgformat",
     "agent.gpu.states", "agent.energy.engine", "agent.energy.jobs", "agent.energy.types",
     "agent.links.health", "agent.jobhealth.engine", "agent.jobhealth.types",
     "agent.tuning.loop", "agent.tuning.policies", "agent.plugin.layout",

@@ -23,7 +23,9 @@ UNITS = ROOT / "systemd"
 AGENT = UNITS / "harmonaize-agent.service"
 CONTROLLER = UNITS / "harmonaize-controller.service"
 #: Exposure levels as measured (systemd 252); a unit that loses hardening fails here.
-MAX_EXPOSURE = {"harmonaize-agent.service": 3.5, "harmonaize-controller.service": 1.5}
+#: The agent's 3.7 is 3.4 plus reading the kernel's log (ProtectKernelLogs= off, 0.2;
+#: CAP_SYSLOG, 0.1), which the driver's XID lines that name a process need.
+MAX_EXPOSURE = {"harmonaize-agent.service": 3.7, "harmonaize-controller.service": 1.5}
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                    reason="systemd-analyze is not installed (./scripts/setup)")
@@ -128,11 +130,11 @@ def test_units_agree_with_the_code() -> None:
     assert controller["Group"] == [ccfg.controller.admin_group] == controller["User"]
     sysusers = (UNITS / "harmonaize.sysusers").read_text()
     assert re.search(rf"^u {controller['User'][0]} ", sysusers, re.M)
-    # What bcc, tc, the job lookup and the jobs' tuner directories need, and nothing
-    # more; the controller needs nothing.
+    # What bcc, tc, the job lookup, the jobs' tuner directories and the kernel's XID
+    # lines need, and nothing more; the controller needs nothing.
     assert set(agent["CapabilityBoundingSet"][0].split()) == {
         "CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH",
-        "CAP_CHOWN"}
+        "CAP_CHOWN", "CAP_SYSLOG"}
     # Policies outlive the agent: the next one adopts them.
     assert agent["RuntimeDirectoryPreserve"] == ["yes"]
     assert controller["CapabilityBoundingSet"] == [""]

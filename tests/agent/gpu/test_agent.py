@@ -98,13 +98,16 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
     wait_until(lambda: gpus_available() == 0, what="capacity to drop")
 
 
-def test_xid_13_leaves_the_gpu_healthy(spawn, workdir: Path) -> None:
+def test_xid_13_of_the_gpus_only_job_leaves_the_gpu_healthy(spawn, workdir: Path) -> None:
+    process = tenant_process(spawn, "job-7", "0")
     agent, fake = gpu_agent(spawn, workdir)
+    fake.set(1, processes={process.pid: 1 << 30})
+    wait_until(lambda: gpu(agent, 1)["jobs"], what="the job on gpu 1")
     fake.inject_xid(1, 13)
     row = wait_until(lambda: gpu(agent, 1)["xids"] == 1 and gpu(agent, 1), what="the XID")
     assert row["state"] == "healthy" and row["action"] == "none"
     assert agent.request("health")["health"] == "healthy"
-    assert "xid 13 (graphics engine exception): restart-application" in agent.log.read_text()
+    assert "xid 13 (graphics engine exception) is job job-7's own" in agent.log.read_text()
 
 
 def test_counters_drive_suspect_reset_and_quarantine(spawn, workdir: Path) -> None:

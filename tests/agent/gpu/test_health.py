@@ -15,6 +15,7 @@ from agent.gpu.types import (
     XID_EVENT,
     GpuCounters,
     GpuIdentity,
+    GpuProcess,
     GpuSample,
     GpuSnapshot,
     GpuTelemetry,
@@ -50,7 +51,8 @@ READINGS: dict[str, int] = {}
 
 def sample(c: GpuCounters | None = None, t: GpuTelemetry | None = None, *, lost: bool = False,
            hung: tuple[str, float] | None = None, xids: tuple[int, ...] = (),
-           jobs: tuple[JobRef, ...] = (), index: int = 0) -> GpuSample:
+           jobs: tuple[JobRef, ...] = (), index: int = 0,
+           owners: dict[int, JobRef] | None = None) -> GpuSample:
     identity = dataclasses.replace(IDENTITY, index=index)
     snap = GpuSnapshot(identity, c or counters(), t or telemetry(), lost,
                        hung[0] if hung else None, hung[1] if hung else 0.0)
@@ -58,7 +60,7 @@ def sample(c: GpuCounters | None = None, t: GpuTelemetry | None = None, *, lost:
     snap = dataclasses.replace(snap, version=READINGS.setdefault(repr(snap), next(VERSIONS)))
     events = tuple(NvmlEvent(index, XID_EVENT, x, 0.0) for x in xids)
     return GpuSample((snap,), events, {index: jobs} if jobs else {}, call_timeout=2.0,
-                     seq=next(SAMPLES))
+                     seq=next(SAMPLES), owners=owners or {})
 
 
 def engine(**cfg) -> GpuHealthEngine:
@@ -77,14 +79,28 @@ def test_a_healthy_gpu_stays_healthy() -> None:
     assert step.counts.healthy == 1 and not step.advisories
 
 
-def test_xid_13_is_the_applications_problem() -> None:
+def test_xid_13_of_the_gpus_only_job_is_the_applications_problem() -> None:
+    e = engine()
+    busy = telemetry(processes=(GpuProcess(100, 1 << 30),))
+    e.step(sample(t=busy, jobs=(JobRef("job-1", "0"),), owners={100: JobRef("job-1", "0")}),
+           0.0)
+    step = e.step(sample(t=busy, xids=(13,), jobs=(JobRef("job-1", "0"),),
+                         owners={100: JobRef("job-1", "0")}), 1.0)
+    step = e.step(None, 3.5)  # no kernel line came: the GPU's only job is tied to it
+    assert state(step) is GpuState.HEALTHY
+    (event,) = [ev for ev in step.events if ev.reason == "ApplicationXid"]
+    assert "xid 13" in event.message and "job-1" in event.message
+    assert step.gpus[0].xid_count == 1 and step.counts.healthy == 1
+
+
+def test_xid_13_tied_to_no_job_is_doubt_and_makes_the_gpu_suspect() -> None:
     e = engine()
     e.step(sample(), 0.0)
-    step = e.step(sample(xids=(13,)), 1.0)
-    assert state(step) is GpuState.HEALTHY
+    e.step(sample(xids=(13,)), 1.0)
+    step = e.step(None, 3.5)
+    assert state(step) is GpuState.SUSPECT
     (event,) = [ev for ev in step.events if ev.reason == "Xid"]
-    assert "xid 13" in event.message and "restart-application" in event.message
-    assert step.gpus[0].xid_count == 1 and step.counts.healthy == 1
+    assert "xid 13" in event.message and "hardware" in event.message
 
 
 def test_xid_79_loses_the_gpu_and_the_node_needs_a_reboot() -> None:
@@ -103,7 +119,7 @@ def test_xid_79_loses_the_gpu_and_the_node_needs_a_reboot() -> None:
 def test_a_repeated_identical_xid_is_a_new_event() -> None:
     e = engine()
     e.step(sample(), 0.0)
-    step = e.step(sample(xids=(13, 13)), 1.0)
+    step = e.step(sample(xids=(74, 74)), 1.0)
     assert len([ev for ev in step.events if ev.reason == "Xid"]) == 2
     assert step.gpus[0].xid_count == 2
 
