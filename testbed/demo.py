@@ -3,7 +3,8 @@
 A controller, two GPU hosts and a tenant, each in its own network namespace on
 one bridge. The tenant watches its feed while hosts join, an operator looks at
 a host, one host's agent stops and comes back; a job's rank hits an XID of its own
-making, which quarantines nothing. Then a Slurm act
+making, which quarantines nothing; a rank stops and the job's owner is told which
+(:mod:`testbed.demojobhealth`). Then a Slurm act
 (:mod:`testbed.demoslurm`): a job placed by Slurm alone, its GPU failing,
 the node drained in Slurm, the reset, the validation, the resume. Everything is torn
 down at the end, also on Ctrl-C or an error.
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed import demoslurm
+from testbed import demojobhealth, demoslurm
 from testbed.cluster import TenantWatcher, TestCluster, Timeout, wait_until
 from testbed.narrate import capacity_is, indent, say, show_tenant
 from testbed.netns import Lab
@@ -151,7 +152,8 @@ def retune(cluster: TestCluster) -> None:
             "NCCL 2.32), as unprivileged users, 200 allreduces a second")
         ranks = [kit.start(job=JOB, directory=cluster.policy_dir(host), comm=comm, n_ranks=2,
                            n_nodes=2, rate=200, uid=GROUP + 1 + i, gid=GROUP, lab=cluster.lab,
-                           host=host) for i, host in enumerate(("h1", "h2"))]
+                           host=host, env={"RANK": str(i)})  # the launcher's rank: a member
+                 for i, host in enumerate(("h1", "h2"))]
         traffic: list[Any] = []
         try:
             wait_until(lambda: all(cluster.agent_request(h, "policy", {"job": JOB})[
@@ -178,6 +180,7 @@ def retune(cluster: TestCluster) -> None:
                             and m["body"].get("tuning_choice") != "default", 20,
                             "job-health with the new choice", on_message=show_tenant)
             application_xid(cluster, ranks[0])
+            demojobhealth.hung_rank(cluster, JOB, ranks, health)
             say("SIGKILL h1's agent mid-job: its ranks keep what they follow (nothing reverts "
                 "on a timer); it restarts and adopts its policy file")
             cluster.stop_agent("h1", signal.SIGKILL)
