@@ -85,6 +85,9 @@ def test_an_application_xid_quarantines_nothing_and_a_hardware_xid_still_does(
     feed = tenant_feed(controller, ["job/acme/"])
     told: list = []
     with feed as tenant:
+        # The placed jobs' health comes first: the subscription is in place (an XID
+        # judged before it would reach no one, and the test would wait in vain).
+        assert tenant.recv(timeout=15) is not None, "the owner's subscription not answered"
         # The kernel names job-b's process: its own fault, though job-a shares the GPU.
         kmsg.xid(2, 31, pid=b0.pid, name="python")
         fake.inject_xid(2, 31)
