@@ -30,9 +30,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-#: Runs kept per link at most (a link retransmitting on and off for hours under a
-#: still job): the oldest go first, which can only make the judgement later.
-MAX_RUNS = 1024
+#: Runs kept per link at most, so that judging costs bounded work per communicator (a
+#: dead flow makes a few dozen in its 15 minutes of backoff; a link retransmitting on
+#: and off for hours under a still job more): the oldest go first, which only shortens
+#: the span the window is measured on.
+MAX_RUNS = 256
 
 
 @dataclass
