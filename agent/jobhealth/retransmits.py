@@ -11,7 +11,7 @@ communicator when, since the communicator went still, its retransmissions
 
 - went on for ``retransmit_window`` seconds, first to last (a burst does not),
 - counted ``retransmit_segments`` at least (two stray losses far apart do not), and
-- have not stopped: the time since the last one is at most the span before it plus the
+- have not stopped: the time since the last one is under the span before it plus the
   window (backoff at most doubles the gap between two retransmissions, so a dead flow
   always passes this; retransmissions that ended while the job stayed still for some
   other reason stop counting).
