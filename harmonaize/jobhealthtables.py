@@ -11,9 +11,10 @@ from harmonaize.tables import table
 def render_job_health(result: dict[str, Any]) -> str:
     if not result.get("enabled"):
         return "job health: off (jobhealth.enabled = false)"
-    comms, laggards = [], []
+    comms, laggards, dead = [], [], set()
     for job in result.get("jobs", []):
         for comm in job.get("comms", []):
+            dead.update(comm.get("dead_paths", []))
             comms.append({**comm, "job": job["job"],
                           "counts": f"{comm['collectives_min']}-{comm['collectives_max']}",
                           "ranks": f"{comm['ranks_here']}/{comm['n_ranks']}",
@@ -35,6 +36,9 @@ def render_job_health(result: dict[str, Any]) -> str:
         "uncounted_processes", "ranks_over_cap") if result.get(name)]
     if result.get("network_fault"):
         extra.append("the host's data links are down or erroring")
+    if dead:
+        extra.append(f"still communicators' data links keep retransmitting (a dead path): "
+                     f"{', '.join(sorted(dead))}")
     if extra:
         parts.append("; ".join(extra))
     return "\n\n".join(parts)

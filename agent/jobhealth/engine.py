@@ -13,6 +13,12 @@ sees the host's own view, read at one instant (``simultaneous``). A communicator
 judged when it stops or starts moving, when a rank's process or cause changes, at its
 next threshold, and, while it moves, every ``judge_interval`` (for stragglers): bounded
 work however many ranks a job has.
+
+The network is at fault for a communicator's ranks when a data link is down or erroring
+(the links domain's held levels, for every communicator), or, once it has been still for
+``hang_after``, when a data link has kept retransmitting since it went still
+(:mod:`agent.jobhealth.retransmits`: a dead path behind a link that looks fine). A
+moving communicator (a straggler's) is never judged from retransmissions.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agent.jobhealth.retransmits import RetransmitWatch
 from agent.jobhealth.settings import JobHealthSection
 from agent.jobhealth.types import (
     CommState,
@@ -70,6 +77,10 @@ class JobHealthEngine:
         self.judge = ProgressJudge(cfg.progress())
         self.jobs: dict[str, JobState] = {}
         self.network = False
+        self.retransmits = RetransmitWatch(cfg.retransmit_window, cfg.retransmit_segments)
+        #: Dead paths by the time a communicator went still, within one pass (the
+        #: communicators of one job mostly stopped at the same pass).
+        self._dead: dict[float, tuple[str, ...]] = {}
         #: Verdicts that became true, by (finding, cause), since the start.
         self.found: Counter[tuple[str, str]] = Counter()
 
@@ -77,6 +88,8 @@ class JobHealthEngine:
         """A reload: new thresholds; what the judge holds is judged anew."""
         self.cfg = cfg
         self.judge.settings = cfg.progress()
+        self.retransmits.window = cfg.retransmit_window
+        self.retransmits.segments = cfg.retransmit_segments
         for job in self.jobs.values():
             for comm in job.comms.values():
                 comm.dirty = True
@@ -87,11 +100,16 @@ class JobHealthEngine:
         out = EngineStep()
         network_changed = reading.network != self.network
         self.network = reading.network
+        self.retransmits.observe(reading.retransmits, now)
+        self._dead = {}
         seen = {job.job for job in reading.jobs}
         for name in [n for n in self.jobs if n not in seen]:
             out.changes += self.judge.drop((name, c) for c in self.jobs.pop(name).comms)
         for job_reading in reading.jobs:
             self._job(job_reading, now, network_changed, out)
+        # Retransmissions matter from the stillest communicator's standstill on.
+        self.retransmits.forget_before(min(
+            (c.moved_at for j in self.jobs.values() for c in j.comms.values()), default=now))
         for change in out.changes:
             if change.active:
                 self.found[(change.verdict.finding.value, change.verdict.cause.value)] += 1
@@ -162,9 +180,22 @@ class JobHealthEngine:
         if moved:
             state.moved_at = now
 
+    def _dead_paths(self, state: CommState, now: float) -> tuple[str, ...]:
+        """The data links retransmitting on a dead path under ``state`` (only once it
+        has been still for ``hang_after``: a moving one's are a busy link's losses)."""
+        if now - state.moved_at < self.cfg.hang_after:
+            return ()
+        found = self._dead.get(state.moved_at)
+        if found is None:
+            found = self._dead[state.moved_at] = self.retransmits.dead_paths(
+                state.moved_at, now)
+        return found
+
     def _due(self, state: CommState, now: float) -> bool:
         still = now > state.moved_at
         if still != state.still or state.dirty:
+            return True
+        if self._dead_paths(state, now) != state.dead_paths:
             return True
         if still:
             for threshold in (self.cfg.hang_after, self.cfg.stall_after):
@@ -177,9 +208,11 @@ class JobHealthEngine:
         state.judged_at = now
         state.dirty = False
         state.still = now > state.moved_at
+        state.dead_paths = self._dead_paths(state, now)
+        network = self.network or bool(state.dead_paths)
         for rank in state.ranks.values():
-            rank.cause = cause_of(rank.state, rank.gpu_fault, self.network)
-        fault = Cause.GPU_FAULT if job.gpu_fault else Cause.NETWORK if self.network else None
+            rank.cause = cause_of(rank.state, rank.gpu_fault, network)
+        fault = Cause.GPU_FAULT if job.gpu_fault else Cause.NETWORK if network else None
         sample = CommSample(
             state.job, state.comm, state.n_ranks,
             tuple(RankSample(r.rank, r.collectives, r.state, r.cause)
@@ -238,14 +271,19 @@ class JobHealthEngine:
 
     def next_deadline(self) -> float | None:
         """When time alone would change what this engine says: a threshold a still
-        communicator crosses, or a job's next report. (A moving communicator is judged
-        at the agent's passes, every ``judge_interval``.)"""
+        communicator crosses, its dead path's retransmissions lapsing, or a job's next
+        report. (A moving communicator is judged at the agent's passes, every
+        ``judge_interval``.)"""
         times = []
         for job in self.jobs.values():
             times.append(job.report_at)
             for comm in job.comms.values():
                 if not comm.still:
                     continue
+                if comm.dead_paths:
+                    lapse = self.retransmits.lapses_at(comm.dead_paths, comm.moved_at)
+                    if lapse is not None:
+                        times.append(lapse)
                 for threshold in (self.cfg.hang_after, self.cfg.stall_after):
                     if comm.moved_at + threshold > comm.judged_at:
                         times.append(comm.moved_at + threshold)

@@ -70,6 +70,13 @@ def network_faulty(links: Iterable[LinkLevels]) -> bool:
                for link in links)
 
 
+def data_retransmits(links: Iterable[LinkLevels]) -> tuple[tuple[str, float], ...]:
+    """Each data link that is up, with its retransmitted segments per second: the
+    engine judges whether they say a path under a still job is dead."""
+    return tuple((link.name, link.retransmits_per_s) for link in links
+                 if link.link_class == "data" and link.up)
+
+
 class JobHealthService:
     def __init__(self, cfg: JobHealthSection, *, publish: Callable[[Message], None],
                  resolver: JobResolver, proc_root: str = "/proc") -> None:
@@ -120,7 +127,9 @@ class JobHealthService:
                      for job, slots in sorted(stats.items()))
         self._counts = self._seen
         self._forget({j.job for j in jobs})
-        result = self.engine.step(HostReading(jobs, network_faulty(links)), now)
+        levels = tuple(links)
+        result = self.engine.step(HostReading(jobs, network_faulty(levels),
+                                              data_retransmits(levels)), now)
         for change in result.changes:
             self._journal(change)
         for report in result.reports:

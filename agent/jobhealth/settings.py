@@ -43,6 +43,16 @@ class JobHealthSection:
     resolves_per_pass: Annotated[int, Num(1, 100_000)] = 256
     #: /proc/PID/stat reads per pass for the process states of still ranks.
     proc_reads_per_pass: Annotated[int, Num(1, 100_000)] = 1024
+    #: Seconds a data link must go on retransmitting, first to last, after a
+    #: communicator went still, for its ranks' cause to be the network though the link
+    #: is up and clean (agent/jobhealth/retransmits.py): TCP repairs a loss within a few
+    #: round trips, while a dead path's flows back off 0.2, 0.4, 0.8, 1.6, 3.2 s ... and
+    #: keep going; 5 s is past any burst and well before ``stall_after``. Under three of
+    #: the links observer's one-second reads, a burst read twice could pass for sustained.
+    retransmit_window: Annotated[float, Num(3.0, 3600.0)] = 5.0
+    #: ... and at least this many segments retransmitted since it went still (one dead
+    #: flow retransmits 5 times in its first 6 s; two stray losses far apart are not it).
+    retransmit_segments: Annotated[int, Num(1, 1_000_000)] = 4
 
     def __post_init__(self) -> None:
         self.progress()  # the judge's own checks (stall_after >= hang_after, ...)

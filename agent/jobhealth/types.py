@@ -48,6 +48,8 @@ class HostReading:
     jobs: tuple[JobReading, ...] = ()
     #: The host's data links are down or erroring (the links domain's judgement).
     network: bool = False
+    #: Each data link that is up: its retransmitted segments per second this pass.
+    retransmits: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -74,6 +76,9 @@ class CommState:
     still: bool = False
     #: What the last report said of it that a change of must be reported at once.
     signature: tuple[object, ...] = ()
+    #: The data links judged, at its last judging, to retransmit on a dead path since
+    #: it went still (its ranks' cause is then the network).
+    dead_paths: tuple[str, ...] = ()
 
 
 @dataclass

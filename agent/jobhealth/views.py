@@ -33,6 +33,8 @@ def jobs_view(service: JobHealthService, now: float) -> dict[str, Any]:
                 "finding": finding.value, "cause": cause.value,
                 "at_collective": verdict.at_collective if verdict else None,
                 "since": verdict.since if verdict else None,
+                # Data links judged to retransmit on a dead path since it went still.
+                "dead_paths": list(comm.dead_paths),
                 "laggards": [{"rank": r.rank, "pid": r.pid, "process": r.state.value,
                               "cause": r.cause.value, "collectives": r.collectives}
                              for r in laggards[:LAGGARDS]],
@@ -43,6 +45,8 @@ def jobs_view(service: JobHealthService, now: float) -> dict[str, Any]:
         "enabled": True,
         "hang_after": service.cfg.hang_after, "stall_after": service.cfg.stall_after,
         "network_fault": engine.network,
+        "retransmit_window": service.cfg.retransmit_window,
+        "retransmit_segments": service.cfg.retransmit_segments,
         "jobs": jobs,
         "uncounted_processes": service.uncounted,
         "ranks_over_cap": service.over_cap,

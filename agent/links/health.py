@@ -40,6 +40,9 @@ class LinkView:
     loss_fraction: float
     #: Packets per second, both directions (shares over few packets are noise).
     packets_per_s: float = 0.0
+    #: Retransmitted segments per second attributed to this link (job health's evidence
+    #: of a dead path: a blocked flow keeps retransmitting while little else moves).
+    retransmits_per_s: float = 0.0
 
 
 def views(links: LinkSample | None, rdma: RdmaSample | None) -> list[LinkView]:
@@ -51,7 +54,7 @@ def views(links: LinkSample | None, rdma: RdmaSample | None) -> list[LinkView]:
             link.retransmit_fraction,
             (link.drops_per_s + link.errors_per_s) / packets if packets else
             (1.0 if link.drops_per_s + link.errors_per_s else 0.0),
-            packets,
+            packets, link.retransmits_per_s,
         ))
     for port in rdma.ports if rdma else ():
         packets = port.rx_pps + port.tx_pps
@@ -59,7 +62,7 @@ def views(links: LinkSample | None, rdma: RdmaSample | None) -> list[LinkView]:
             port.name, port.link_class, port.up, port.utilization, port.congestion_fraction,
             port.retransmits_per_s / port.tx_pps if port.tx_pps else 0.0,
             port.errors_per_s / packets if packets else (1.0 if port.errors_per_s else 0.0),
-            packets,
+            packets, port.retransmits_per_s,
         ))
     for name in rdma.missing if rdma else ():
         out.append(LinkView(name, "data", False, None, 0.0, 0.0, 0.0))
@@ -122,6 +125,9 @@ class LinkLevels:
     congestion: Level
     errors: Level
     raw_congestion: Level = Level.NONE
+    #: This pass's retransmitted segments per second on the link (not held: job health
+    #: judges how long they go on itself).
+    retransmits_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,13 +158,14 @@ class LinkHealthEngine:
                    default=float("inf"))
 
     def step(self, link_views: Iterable[LinkView], now: float) -> LinkStep:
-        levels, judged = [], tuple(judge(view, self.cfg) for view in link_views)
-        for raw in judged:
+        seen = tuple(link_views)
+        levels, judged = [], tuple(judge(view, self.cfg) for view in seen)
+        for view, raw in zip(seen, judged, strict=True):
             congestion = self._congestion.setdefault(raw.name, LevelHold(self.cfg.hold))
             errors = self._errors.setdefault(raw.name, LevelHold(self.cfg.hold))
             levels.append(LinkLevels(
                 raw.name, raw.link_class, raw.up, congestion.update(raw.congestion, now),
-                errors.update(raw.errors, now), raw.congestion,
+                errors.update(raw.errors, now), raw.congestion, view.retransmits_per_s,
             ))
         return LinkStep(tuple(levels), judged, aggregate(levels), self._findings(levels))
 

@@ -5,7 +5,8 @@ The tuning domain takes a pass's judgement of each link (:class:`LinkJudgement`)
 its input (it holds its own choice with the shared :mod:`harmonaize.hysteresis`); it
 shapes bulk traffic on the links a :class:`LinkSample` lists, and shows link health's
 thresholds (:class:`LinksSection`) beside its jobs. Job health takes each link's held
-levels (:class:`LinkLevels`) to tell a network fault under a job's ranks.
+levels (:class:`LinkLevels`), and the retransmissions they carry, to tell a network fault
+under a job's ranks.
 """
 
 from agent.links.health import LinkJudgement, LinkLevels
