@@ -14,6 +14,18 @@ days of the test span (days, not windows, because neighbouring windows are corre
 Estimates pool the test spans of many runs so that each rests on at least
 :data:`MIN_POSITIVES` positive windows; :attr:`LearnedScore.enough` says whether it did.
 
+The protocol is fixed, so a score does not depend on how the runs were gathered: the
+runs are put in a canonical order (by a digest of their rows) before pooling, each run's
+split is its own (first half trains, second half tests), and the whole protocol is
+repeated :data:`REPEATS` times, each with its own shuffle of the training rows and its
+own learner seed. The score is the mean balanced accuracy over the repeats; the spread
+(lowest and highest repeat) says how much it owes to the learner's luck, the 95% interval
+how much to the test days drawn. A repeat whose learner predicts one class on the whole
+test span scores exactly 0.5 and is counted as *collapsed*: such a score says the
+learner found nothing to separate, not that the feed is private. Chance is not assumed:
+the evaluation (sim.evaluation) scores the same protocol on the no-feed regime's rows
+and reports that as the chance level.
+
 1. **Other tenants' load.** Every ``sample_s`` (thinned to one an hour), per pool: are
    the GPUs the other tenants hold above that pool's median over the span (training or
    test) the sample is in?
@@ -33,6 +45,7 @@ Estimates pool the test spans of many runs so that each rests on at least
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +64,8 @@ NEGATIVES_PER_POSITIVE = 20
 LOAD_ROWS = 6000
 LOAD_LAGS = 6
 BOOTSTRAP = 400
+#: Repeats of the whole training protocol (shuffle and learner seed each).
+REPEATS = 5
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,23 +92,39 @@ class AttackData:
 @dataclass(frozen=True)
 class LearnedScore:
     attack: str
-    accuracy: float          # balanced accuracy on the pooled test spans
+    accuracy: float          # balanced accuracy on the pooled test spans, mean of repeats
     low: float               # 95% bootstrap interval (over days)
     high: float
-    chance: float
+    chance: float            # 0.5 unless measured (sim.evaluation: the no-feed regime)
     positives: int           # test rows of each class
     negatives: int
     model: str
     runs: int
+    repeats: int = 1
+    #: The lowest and highest repeat's balanced accuracy.
+    spread_low: float = 0.5
+    spread_high: float = 0.5
+    #: Repeats whose learner predicted one class on the whole test span.
+    collapsed: int = 0
 
     @property
     def enough(self) -> bool:
         return self.positives >= MIN_POSITIVES
 
+    @property
+    def is_collapsed(self) -> bool:
+        """Every repeat predicted one class: no estimate of privacy, a learner that failed."""
+        return self.repeats > 0 and self.collapsed >= self.repeats
+
     def text(self) -> str:
+        if self.is_collapsed:
+            return (f"collapsed: the learner predicts one class ({self.positives} positive "
+                    f"test windows, {self.model})")
         note = "" if self.enough else f", under {MIN_POSITIVES} positives: not an estimate"
-        return (f"{self.accuracy:.2f} [{self.low:.2f}, {self.high:.2f}] "
-                f"({self.positives} positive test windows, {self.model}{note})")
+        some = f", {self.collapsed} of {self.repeats} repeats collapsed" if self.collapsed else ""
+        return (f"{self.accuracy:.2f} [{self.low:.2f}, {self.high:.2f}] repeats "
+                f"{self.spread_low:.2f}-{self.spread_high:.2f} (chance {self.chance:.2f}; "
+                f"{self.positives} positive test windows, {self.model}{some}{note})")
 
 
 # --- the attacker's feed as series -------------------------------------------------------
@@ -266,8 +297,10 @@ def _models(seed: int) -> dict[str, object]:
     }
 
 
-def score(name: str, runs: Sequence[AttackData], seed: int = 1) -> LearnedScore:
-    """Train on every run's training span, test on every run's test span, pooled.
+def score(name: str, runs: Sequence[AttackData], seed: int = 1,
+          repeats: int = REPEATS) -> LearnedScore:
+    """Train on every run's training span, test on every run's test span, pooled; the
+    protocol repeated ``repeats`` times (module docstring). The runs' order is irrelevant.
 
     The learners run on one thread: the simulator forks worker processes, and an OpenMP
     runtime that has started threads does not survive a fork (the child hangs).
@@ -275,11 +308,21 @@ def score(name: str, runs: Sequence[AttackData], seed: int = 1) -> LearnedScore:
     from threadpoolctl import threadpool_limits  # noqa: PLC0415 - scikit-learn's own
 
     with threadpool_limits(limits=1):
-        return _score(name, runs, seed)
+        return _score(name, canonical(runs), seed, max(1, repeats))
 
 
-def _score(name: str, runs: Sequence[AttackData], seed: int) -> LearnedScore:
-    runs = [r for r in runs if len(r.y)]
+def canonical(runs: Sequence[AttackData]) -> list[AttackData]:
+    """The runs with rows, in an order fixed by their contents (not by who gathered them)."""
+    def digest(r: AttackData) -> str:
+        h = hashlib.sha256()
+        for part in (r.x, r.y, r.train, r.test, r.day):
+            h.update(np.ascontiguousarray(part).tobytes())
+        return h.hexdigest()
+
+    return sorted((r for r in runs if len(r.y)), key=digest)
+
+
+def _score(name: str, runs: list[AttackData], seed: int, repeats: int) -> LearnedScore:
     if not runs:
         return LearnedScore(name, 0.5, 0.5, 0.5, 0.5, 0, 0, "no data", 0)
     x = np.concatenate([r.x for r in runs])
@@ -288,7 +331,7 @@ def _score(name: str, runs: Sequence[AttackData], seed: int) -> LearnedScore:
     y = np.concatenate([r.y for r in runs])
     train = np.concatenate([r.train for r in runs])
     test = np.concatenate([r.test for r in runs])
-    # Bootstrap blocks: (run, day).
+    # Bootstrap blocks: (run, day), the run by its place in the canonical order.
     block = np.concatenate([r.day * 1000 + i for i, r in enumerate(runs)])
     # The last quarter of each run's training span validates the choice of learner.
     late = np.concatenate([_late(r) for r in runs])
@@ -297,27 +340,55 @@ def _score(name: str, runs: Sequence[AttackData], seed: int) -> LearnedScore:
     ytrain = y[train]
     if ytrain.all() or not ytrain.any() or pos == 0 or neg == 0:
         return LearnedScore(name, 0.5, 0.5, 0.5, 0.5, pos, neg, "one class only", len(runs))
-    if empty[runs[0].pools:].all():
-        pred = np.zeros(test.sum(), dtype=bool)  # nothing to learn from: a constant guess
-        chosen = "constant (no feed)"
-    else:
-        fit_rows = train & ~late
-        best, chosen = -1.0, ""
-        for label, model in _models(seed).items():
-            if y[fit_rows].all() or not y[fit_rows].any() or not (late & train).any():
-                acc = 0.0
-            else:
-                model.fit(x[fit_rows], y[fit_rows])  # type: ignore[attr-defined]
-                acc = balanced(model.predict(x[late & train]).astype(bool),  # type: ignore[attr-defined]
-                               y[late & train]) or 0.5
-            if acc > best:
-                best, chosen = acc, label
-        model = _models(seed)[chosen]
-        model.fit(x[train], ytrain)  # type: ignore[attr-defined]
-        pred = model.predict(x[test]).astype(bool)  # type: ignore[attr-defined]
-    acc = balanced(pred, ytest) or 0.5
-    low, high = _bootstrap(pred, ytest, block[test], seed)
-    return LearnedScore(name, acc, low, high, 0.5, pos, neg, chosen, len(runs))
+    votes = np.zeros(int(test.sum()), dtype=np.int64)  # repeats predicting positive, per row
+    accs: list[float] = []
+    chosen: list[str] = []
+    collapsed = 0
+    data = _Pooled(x, y, train, test, late)
+    for k in range(repeats):
+        pred, label = _one_repeat(data, seed, k)
+        if pred.all() or not pred.any():
+            collapsed += 1
+        votes += pred
+        accs.append(balanced(pred, ytest) or 0.5)
+        chosen.append(label)
+    low, high = _bootstrap(votes, repeats, ytest, block[test], seed)
+    models = ", ".join(f"{m} x{chosen.count(m)}" for m in sorted(set(chosen)))
+    return LearnedScore(name, float(np.mean(accs)), low, high, 0.5, pos, neg, models,
+                        len(runs), repeats, min(accs), max(accs), collapsed)
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    x: np.ndarray
+    y: np.ndarray
+    train: np.ndarray
+    test: np.ndarray
+    late: np.ndarray
+
+
+def _one_repeat(data: _Pooled, seed: int, k: int) -> tuple[np.ndarray, str]:
+    """One application of the protocol: the training rows shuffled by repeat ``k``, both
+    learners seeded by it; the better on the late training rows refitted on all of them."""
+    x, y, train, test, late = data.x, data.y, data.train, data.test, data.late
+    rng = np.random.Generator(np.random.PCG64([seed, k]))
+    rows = rng.permutation(np.nonzero(train)[0])
+    fit = rows[~late[rows]]
+    check = rows[late[rows]]
+    state = seed * 1000 + k
+    best, chosen = -1.0, ""
+    for label, model in _models(state).items():
+        if y[fit].all() or not y[fit].any() or not len(check):
+            acc = 0.0
+        else:
+            model.fit(x[fit], y[fit])  # type: ignore[attr-defined]
+            acc = balanced(model.predict(x[check]).astype(bool),  # type: ignore[attr-defined]
+                           y[check]) or 0.5
+        if acc > best:
+            best, chosen = acc, label
+    model = _models(state)[chosen]
+    model.fit(x[rows], y[rows])  # type: ignore[attr-defined]
+    return model.predict(x[test]).astype(bool), chosen  # type: ignore[attr-defined]
 
 
 def _late(r: AttackData) -> np.ndarray:
@@ -328,15 +399,18 @@ def _late(r: AttackData) -> np.ndarray:
     return r.train & (r.day >= cut)
 
 
-def _bootstrap(pred: np.ndarray, truth: np.ndarray, block: np.ndarray,
+def _bootstrap(votes: np.ndarray, repeats: int, truth: np.ndarray, block: np.ndarray,
                seed: int) -> tuple[float, float]:
-    """95% percentile interval of balanced accuracy, resampling whole blocks (days)."""
+    """95% percentile interval of the repeats' mean balanced accuracy, resampling whole
+    blocks (days). ``votes``: per test row, how many repeats predicted positive; summed
+    counts give the mean of the repeats' balanced accuracies (each has the same classes)."""
     blocks, inverse = np.unique(block, return_inverse=True)
     nb = len(blocks)
-    tp = np.bincount(inverse, weights=(pred & truth).astype(float), minlength=nb)
-    pos = np.bincount(inverse, weights=truth.astype(float), minlength=nb)
-    tn = np.bincount(inverse, weights=(~pred & ~truth).astype(float), minlength=nb)
-    neg = np.bincount(inverse, weights=(~truth).astype(float), minlength=nb)
+    t = truth.astype(float)
+    tp = np.bincount(inverse, weights=t * votes, minlength=nb)
+    pos = np.bincount(inverse, weights=t * repeats, minlength=nb)
+    tn = np.bincount(inverse, weights=(1.0 - t) * (repeats - votes), minlength=nb)
+    neg = np.bincount(inverse, weights=(1.0 - t) * repeats, minlength=nb)
     rng = np.random.Generator(np.random.PCG64(seed))
     draws = rng.integers(0, nb, size=(BOOTSTRAP, nb))
     counts = np.stack([np.bincount(d, minlength=nb) for d in draws])
