@@ -158,6 +158,8 @@ def print_pools(rows: Sequence[dict]) -> None:
 def _trace_line(jobs: Path) -> str:
     """What the trace is, and the cluster the simulator sizes for it (every seed's)."""
     selected = select_jobs(read_jobs(jobs))
+    if not selected:
+        raise TraceError(f"{jobs.name}: no jobs after the header")
     cluster = size_cluster(selected, SimConfig())
     gpus = sorted(p.nodes * cluster.gpus_per_node for p in cluster.pools)
     days = (selected[-1].arrival - selected[0].arrival) / 86400 if selected else 0.0

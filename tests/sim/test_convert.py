@@ -5,6 +5,8 @@ field."""
 from __future__ import annotations
 
 import io
+import random
+import re
 import sys
 import tarfile
 
@@ -129,3 +131,36 @@ def test_the_bench_refuses_a_missing_fault_file_in_one_line(tmp_path, capsys, mo
     assert privacy_utility.main() == 2
     assert capsys.readouterr().err == "privacy-utility: nope.json: cannot read: No such file " \
         "or directory\n"
+
+
+def test_the_bench_refuses_a_trace_without_jobs(tmp_path, capsys, monkeypatch):
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n")
+    monkeypatch.setattr(sys, "argv", ["privacy_utility", "--jobs", str(jobs), "--faults",
+                                      "none", "--out", str(tmp_path)])
+    assert privacy_utility.main() == 2
+    assert capsys.readouterr().err == "privacy-utility: jobs.csv: no jobs after the header\n"
+
+
+def test_the_bench_prints_its_table_and_ends_with_the_median(tmp_path, capsys, monkeypatch):
+    jobs = tmp_path / "jobs.csv"
+    rng = random.Random(2)
+    lines = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for _ in range(240):
+        d = round(rng.expovariate(1 / 8000) + 60)
+        g = rng.choice((1, 2, 4, 8, 16))
+        lines.append(f"{rng.uniform(0, 4 * 86400):.0f},{d},{g},{d * g},"
+                     f"{rng.choice(('east', 'west'))}")
+    jobs.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(sys, "argv", [
+        "privacy_utility", "--jobs", str(jobs), "--faults", "none", "--seeds", "1",
+        "--frontier-seeds", "0", "--repeats", "1", "--workers", "1",
+        "--out", str(tmp_path / "out")])
+    assert privacy_utility.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("trace jobs.csv: 240 jobs over 4 days, 2 pools")
+    assert "0.25 h and >= 5%" in out[1]
+    assert any(line.startswith("  private default") for line in out)
+    assert any("per pool, private default" in line for line in out)
+    assert re.fullmatch(r"privacy-utility (\d+|nan) %", out[-1])
+    assert (tmp_path / "out" / "privacy-utility.json").exists()
