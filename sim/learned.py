@@ -4,22 +4,18 @@ The attacker is a tenant (``SimConfig.attacker``) and uses only the pool publica
 delivered to it. It is granted labelled ground truth for the first half of each run (as
 if it once colluded with an insider), learns from it, and is scored on the second half:
 training and test spans are disjoint in time, a day apart, so no window of one overlaps
-the other. Two learners from scikit-learn compete, gradient boosting
-(``HistGradientBoostingClassifier``) and logistic regression; the one with the better
-balanced accuracy on the last quarter of the training span is refitted on all of it and
-scored once on the test span. Both learn with balanced class weights; the score is
-*balanced accuracy* (the mean of the true-positive and true-negative rates), so chance
-is 0.5 however rare the event, and the 95% interval comes from a bootstrap over whole
-days of the test span (days, not windows, because neighbouring windows are correlated).
-Estimates pool the test spans of many runs so that each rests on at least
-:data:`MIN_POSITIVES` positive windows; :attr:`LearnedScore.enough` says whether it did.
+the other. How it learns and is scored (two learners, repeats, balanced accuracy, a
+bootstrap over days, the runs pooled in an order fixed by their contents) is
+:mod:`sim.learner`.
 
 1. **Other tenants' load.** Every ``sample_s`` (thinned to one an hour), per pool: are
    the GPUs the other tenants hold above that pool's median over the span (training or
    test) the sample is in?
-   Features: the pool (one-hot: the label is a median split per pool, so the pool alone
-   predicts nothing), the attacker's latest reading of free GPUs, hosts up and hosts
-   down at this and the five previous samples (each the middle of the published range,
+   Features: the pool (one-hot: the label is a median split per pool, meant to leave the
+   pool alone predicting nothing; it does predict where a pool's load sits at its median
+   much of the time, which is why chance is measured, sim.evaluation), the attacker's
+   latest reading of free GPUs, hosts up and hosts down at this and the five previous
+   samples (each the middle of the published range,
    and less the pool's mean reading over the training span), and how many updates came
    in the last hour and how old the latest one is.
 2. **A host failed.** Per pool and ``attack_window_s`` window: did a host of the pool
@@ -34,66 +30,27 @@ Estimates pool the test spans of many runs so that each rests on at least
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from sim.engine import Records
+from sim.learner import (  # noqa: F401 - the attacks' public names, from one place
+    MIN_POSITIVES,
+    REPEATS,
+    AttackData,
+    LearnedScore,
+    balanced,
+    canonical,
+    score,
+)
 
 DAY = 86400.0
 #: The train and test spans are this far apart (seconds) around the middle of a run.
 GAP = DAY
-#: An estimate rests on at least this many positive test windows to count.
-MIN_POSITIVES = 200
 NEGATIVES_PER_POSITIVE = 20
 #: Load samples kept per run (hourly, then thinned at random to at most this many).
 LOAD_ROWS = 6000
 LOAD_LAGS = 6
-BOOTSTRAP = 400
-
-
-@dataclass(frozen=True, eq=False)
-class AttackData:
-    """One run's rows for one attack: features, labels, and where each row lies in time."""
-
-    x: np.ndarray        # float32, NaN where the attacker had no reading yet
-    y: np.ndarray        # bool
-    train: np.ndarray    # bool: in the training span
-    test: np.ndarray     # bool: in the test span
-    day: np.ndarray      # int: the row's day (bootstrap blocks)
-    pools: int           # one-hot width at the front of x (0: none)
-
-    def __eq__(self, other: object) -> bool:  # arrays compare whole, NaN equal to NaN
-        if not isinstance(other, AttackData):
-            return NotImplemented
-        return self.pools == other.pools and np.array_equal(self.x, other.x, equal_nan=True) \
-            and all(np.array_equal(getattr(self, f), getattr(other, f))
-                    for f in ("y", "train", "test", "day"))
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass(frozen=True)
-class LearnedScore:
-    attack: str
-    accuracy: float          # balanced accuracy on the pooled test spans
-    low: float               # 95% bootstrap interval (over days)
-    high: float
-    chance: float
-    positives: int           # test rows of each class
-    negatives: int
-    model: str
-    runs: int
-
-    @property
-    def enough(self) -> bool:
-        return self.positives >= MIN_POSITIVES
-
-    def text(self) -> str:
-        note = "" if self.enough else f", under {MIN_POSITIVES} positives: not an estimate"
-        return (f"{self.accuracy:.2f} [{self.low:.2f}, {self.high:.2f}] "
-                f"({self.positives} positive test windows, {self.model}{note})")
 
 
 # --- the attacker's feed as series -------------------------------------------------------
@@ -236,114 +193,3 @@ def failure_data(records: Records, window: float, sample_s: float, seed: str) ->
     train, test = _spans(t, records.horizon)
     return AttackData(np.concatenate(xs), np.concatenate(ys), train, test,
                       (t // DAY).astype(np.int64), 0)
-
-
-# --- learning and scoring ----------------------------------------------------------------
-
-def balanced(pred: np.ndarray, truth: np.ndarray) -> float | None:
-    pos = int(truth.sum())
-    neg = len(truth) - pos
-    if pos == 0 or neg == 0:
-        return None
-    tpr = float((pred & truth).sum()) / pos
-    tnr = float((~pred & ~truth).sum()) / neg
-    return (tpr + tnr) / 2
-
-
-def _models(seed: int) -> dict[str, object]:
-    from sklearn.ensemble import HistGradientBoostingClassifier  # noqa: PLC0415
-    from sklearn.impute import SimpleImputer  # noqa: PLC0415
-    from sklearn.linear_model import LogisticRegression  # noqa: PLC0415
-    from sklearn.pipeline import make_pipeline  # noqa: PLC0415
-    from sklearn.preprocessing import StandardScaler  # noqa: PLC0415
-
-    return {
-        "gradient boosting": HistGradientBoostingClassifier(
-            max_iter=150, learning_rate=0.1, class_weight="balanced", random_state=seed),
-        "logistic regression": make_pipeline(
-            SimpleImputer(strategy="constant", fill_value=0.0, keep_empty_features=True),
-            StandardScaler(), LogisticRegression(class_weight="balanced", max_iter=2000)),
-    }
-
-
-def score(name: str, runs: Sequence[AttackData], seed: int = 1) -> LearnedScore:
-    """Train on every run's training span, test on every run's test span, pooled.
-
-    The learners run on one thread: the simulator forks worker processes, and an OpenMP
-    runtime that has started threads does not survive a fork (the child hangs).
-    """
-    from threadpoolctl import threadpool_limits  # noqa: PLC0415 - scikit-learn's own
-
-    with threadpool_limits(limits=1):
-        return _score(name, runs, seed)
-
-
-def _score(name: str, runs: Sequence[AttackData], seed: int) -> LearnedScore:
-    runs = [r for r in runs if len(r.y)]
-    if not runs:
-        return LearnedScore(name, 0.5, 0.5, 0.5, 0.5, 0, 0, "no data", 0)
-    x = np.concatenate([r.x for r in runs])
-    empty = np.isnan(x).all(axis=0)
-    x[:, empty] = 0.0  # a feature never seen carries nothing (and trips the binning)
-    y = np.concatenate([r.y for r in runs])
-    train = np.concatenate([r.train for r in runs])
-    test = np.concatenate([r.test for r in runs])
-    # Bootstrap blocks: (run, day).
-    block = np.concatenate([r.day * 1000 + i for i, r in enumerate(runs)])
-    # The last quarter of each run's training span validates the choice of learner.
-    late = np.concatenate([_late(r) for r in runs])
-    ytest = y[test]
-    pos, neg = int(ytest.sum()), int((~ytest).sum())
-    ytrain = y[train]
-    if ytrain.all() or not ytrain.any() or pos == 0 or neg == 0:
-        return LearnedScore(name, 0.5, 0.5, 0.5, 0.5, pos, neg, "one class only", len(runs))
-    if empty[runs[0].pools:].all():
-        pred = np.zeros(test.sum(), dtype=bool)  # nothing to learn from: a constant guess
-        chosen = "constant (no feed)"
-    else:
-        fit_rows = train & ~late
-        best, chosen = -1.0, ""
-        for label, model in _models(seed).items():
-            if y[fit_rows].all() or not y[fit_rows].any() or not (late & train).any():
-                acc = 0.0
-            else:
-                model.fit(x[fit_rows], y[fit_rows])  # type: ignore[attr-defined]
-                acc = balanced(model.predict(x[late & train]).astype(bool),  # type: ignore[attr-defined]
-                               y[late & train]) or 0.5
-            if acc > best:
-                best, chosen = acc, label
-        model = _models(seed)[chosen]
-        model.fit(x[train], ytrain)  # type: ignore[attr-defined]
-        pred = model.predict(x[test]).astype(bool)  # type: ignore[attr-defined]
-    acc = balanced(pred, ytest) or 0.5
-    low, high = _bootstrap(pred, ytest, block[test], seed)
-    return LearnedScore(name, acc, low, high, 0.5, pos, neg, chosen, len(runs))
-
-
-def _late(r: AttackData) -> np.ndarray:
-    if not r.train.any():
-        return np.zeros(len(r.y), dtype=bool)
-    days = r.day[r.train]
-    cut = days.min() + 0.75 * (days.max() - days.min())
-    return r.train & (r.day >= cut)
-
-
-def _bootstrap(pred: np.ndarray, truth: np.ndarray, block: np.ndarray,
-               seed: int) -> tuple[float, float]:
-    """95% percentile interval of balanced accuracy, resampling whole blocks (days)."""
-    blocks, inverse = np.unique(block, return_inverse=True)
-    nb = len(blocks)
-    tp = np.bincount(inverse, weights=(pred & truth).astype(float), minlength=nb)
-    pos = np.bincount(inverse, weights=truth.astype(float), minlength=nb)
-    tn = np.bincount(inverse, weights=(~pred & ~truth).astype(float), minlength=nb)
-    neg = np.bincount(inverse, weights=(~truth).astype(float), minlength=nb)
-    rng = np.random.Generator(np.random.PCG64(seed))
-    draws = rng.integers(0, nb, size=(BOOTSTRAP, nb))
-    counts = np.stack([np.bincount(d, minlength=nb) for d in draws])
-    p, n = counts @ pos, counts @ neg
-    ok = (p > 0) & (n > 0)
-    accs = ((counts @ tp)[ok] / p[ok] + (counts @ tn)[ok] / n[ok]) / 2
-    if not len(accs):
-        return 0.5, 0.5
-    lo, hi = np.percentile(accs, [2.5, 97.5])
-    return float(lo), float(hi)

@@ -153,8 +153,9 @@ def frontier_figures(out: Path, rows: Sequence[dict]) -> list[Path]:
     ax = axes[1]
     for key, label, marker in (("load", "others' load", "o"), ("failure", "a host failed", "s")):
         acc = [r[key]["accuracy"] for r in eps]
-        lo = [r[key]["accuracy"] - r[key]["low"] for r in eps]
-        hi = [r[key]["high"] - r[key]["accuracy"] for r in eps]
+        # A percentile interval of a few days need not hold the point estimate.
+        lo = [max(0.0, r[key]["accuracy"] - r[key]["low"]) for r in eps]
+        hi = [max(0.0, r[key]["high"] - r[key]["accuracy"]) for r in eps]
         ax.errorbar(xs, acc, yerr=[lo, hi], fmt=marker + "-", capsize=3, label=label)
     ax.axhline(0.55, color="tab:red", ls=":", alpha=0.6, label="target: upper bound 0.55")
     ax.axhline(0.5, color="grey", lw=0.8)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from harmonaize.tables import table
+from sim.evaluation import MARGIN_H, MARGIN_REL, kept_share
+from sim.learned import LearnedScore
 from sim.metrics import benefit_share
 from sim.scenario import Outcome, Scenario
+
+#: What a share reads where the pre-registered margin is not met (sim.evaluation).
+UNDEFINED = "- (full within margin)"
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -15,6 +21,16 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{round(100 * value):d}%"
+
+
+def _jct_share(none_h: float, regime_h: float, full_h: float) -> str:
+    """The mean-JCT share kept, only where full visibility beats no feed by the margin."""
+    share = kept_share(none_h, regime_h, full_h)
+    return UNDEFINED if share is None else _pct(share)
+
+
+def _acc(score: LearnedScore) -> str:
+    return "collapsed" if score.is_collapsed else _f(score.accuracy)
 
 
 def scenario_line(s: Scenario) -> str:
@@ -37,7 +53,7 @@ def regime_table(outcomes: Sequence[Outcome]) -> str:
             "goodput": _f(m.goodput, 3), "util": _f(m.utilization, 3),
             "fault": _f(m.fault_lost_gpu_h, 0), "preempt": _f(m.preempt_lost_gpu_h, 0),
             "done": f"{m.finished}/{m.jobs}",
-            "load": _f(o.load_attack.accuracy), "fail": _f(o.failure_attack.accuracy),
+            "load": _acc(o.load_attack), "fail": _acc(o.failure_attack),
         })
     return table(rows, [
         ("regime", "regime"), ("jct", "mean JCT h"), ("p99", "p99 JCT h"),
@@ -68,13 +84,20 @@ def headline(outcomes: Sequence[Outcome]) -> str:
     named = by_name(outcomes)
     none, red, full = named["none"], named["redacted"], named["full"]
     lines = ["Share of full visibility's benefit kept by the default redacted feed "
-             "((redacted - none) / (full - none)):"]
+             "((redacted - none) / (full - none)); the mean JCT's only where full visibility "
+             f"beats no feed by >= {MARGIN_H:g} h and >= {100 * MARGIN_REL:g}%:"]
     for name, share in shares(none, red, full).items():
-        lines.append(f"  {name:<22} {_pct(share)}")
-    lines.append("Attacker balanced accuracy (chance 0.50): others' load / a host failed")
+        if name == "mean JCT":
+            text = _jct_share(none.summary.mean_jct_h, red.summary.mean_jct_h,
+                              full.summary.mean_jct_h)
+        else:
+            text = _pct(share)
+        lines.append(f"  {name:<22} {text}")
+    lines.append("Attacker balanced accuracy (chance: the no-feed row): others' load / a host "
+                 "failed")
     for o in (none, red, full):
-        lines.append(f"  {o.regime.name:<22} {_f(o.load_attack.accuracy)} / "
-                     f"{_f(o.failure_attack.accuracy)}  "
+        lines.append(f"  {o.regime.name:<22} {_acc(o.load_attack)} / "
+                     f"{_acc(o.failure_attack)}  "
                      f"({o.failure_attack.positives} failure windows in the test half)")
     return "\n".join(lines)
 
@@ -85,10 +108,9 @@ def sweep_table(points: Sequence[Outcome], none: Outcome, full: Outcome) -> str:
         m = o.summary
         rows.append({
             "knob": o.regime.knob, "value": f"{o.regime.value:g}", "jct": _f(m.mean_jct_h),
-            "share": _pct(benefit_share(none.summary.mean_jct_h, m.mean_jct_h,
-                                        full.summary.mean_jct_h)),
+            "share": _jct_share(none.summary.mean_jct_h, m.mean_jct_h, full.summary.mean_jct_h),
             "goodput": _f(m.goodput, 3),
-            "load": _f(o.load_attack.accuracy), "fail": _f(o.failure_attack.accuracy),
+            "load": _acc(o.load_attack), "fail": _acc(o.failure_attack),
             "pubs": str(o.counters.get("publications_pool", 0)),
         })
     return table(rows, [
@@ -106,8 +128,8 @@ def ablation_table(rows: Sequence[tuple[str, Outcome, Outcome, Outcome]]) -> str
             "opp": name,
             "none": _f(none.summary.mean_jct_h), "red": _f(red.summary.mean_jct_h),
             "full": _f(full.summary.mean_jct_h),
-            "share": _pct(benefit_share(none.summary.mean_jct_h, red.summary.mean_jct_h,
-                                        full.summary.mean_jct_h)),
+            "share": _jct_share(none.summary.mean_jct_h, red.summary.mean_jct_h,
+                                full.summary.mean_jct_h),
             "gnone": _f(none.summary.goodput, 4), "gred": _f(red.summary.goodput, 4),
             "gfull": _f(full.summary.goodput, 4),
             "fnone": _f(none.summary.fault_lost_gpu_h, 0),
@@ -128,16 +150,16 @@ def seeds_table(runs: Sequence[tuple[int, Sequence[Outcome]]]) -> str:
     for seed, outcomes in runs:
         named = by_name(outcomes)
         none, red, full = named["none"], named["redacted"], named["full"]
-        share = benefit_share(none.summary.mean_jct_h, red.summary.mean_jct_h,
-                              full.summary.mean_jct_h)
+        share = kept_share(none.summary.mean_jct_h, red.summary.mean_jct_h,
+                           full.summary.mean_jct_h)
         if share is not None:
             kept.append(share)
         rows.append({
             "seed": str(seed), "none": _f(none.summary.mean_jct_h),
             "red": _f(red.summary.mean_jct_h), "full": _f(full.summary.mean_jct_h),
-            "share": _pct(share),
-            "lred": _f(red.load_attack.accuracy), "lfull": _f(full.load_attack.accuracy),
-            "fred": _f(red.failure_attack.accuracy), "ffull": _f(full.failure_attack.accuracy),
+            "share": UNDEFINED if share is None else _pct(share),
+            "lred": _acc(red.load_attack), "lfull": _acc(full.load_attack),
+            "fred": _acc(red.failure_attack), "ffull": _acc(full.failure_attack),
         })
     text = table(rows, [
         ("seed", "seed"), ("none", "JCT none"), ("red", "JCT redacted"), ("full", "JCT full"),
@@ -146,8 +168,9 @@ def seeds_table(runs: Sequence[tuple[int, Sequence[Outcome]]]) -> str:
     ])
     if kept:
         kept.sort()
-        text += (f"\nshare kept over {len(kept)} seeds: median {_pct(kept[len(kept) // 2])}, "
-                 f"range {_pct(kept[0])} to {_pct(kept[-1])}")
+        text += (f"\nshare kept over the {len(kept)} of {len(rows)} seeds where it is defined: "
+                 f"median {_pct(statistics.median(kept))}, range {_pct(kept[0])} to "
+                 f"{_pct(kept[-1])}")
     return text
 
 
@@ -164,13 +187,14 @@ def pool_table(outcomes: Sequence[Outcome], scenario: Scenario, min_hosts: int,
         jct = {name: named[name].per_pool.get(pool.name, (0, 0.0))[1]
                for name in ("none", "redacted", "full")}
         rows.append({
-            "pool": pool.name, "hosts": str(pool.nodes), "jobs": str(jobs),
+            "pool": pool.name, "hosts": str(pool.nodes),
+            "gpus": str(pool.nodes * scenario.cluster.gpus_per_node), "jobs": str(jobs),
             "covered": "yes" if pool.nodes >= min_hosts else "no (k)",
             "none": _f(jct["none"]), "red": _f(jct["redacted"]), "full": _f(jct["full"]),
-            "share": _pct(benefit_share(jct["none"], jct["redacted"], jct["full"])),
+            "share": _jct_share(jct["none"], jct["redacted"], jct["full"]),
         })
     return table(rows, [
-        ("pool", "pool"), ("hosts", "hosts"), ("jobs", "jobs"),
+        ("pool", "pool"), ("hosts", "hosts"), ("gpus", "GPUs"), ("jobs", "jobs"),
         ("covered", "redacted feed publishes it"), ("none", "JCT none"),
         ("red", "JCT redacted"), ("full", "JCT full"), ("share", "kept"),
     ])
@@ -180,8 +204,8 @@ def frontier_rows(points: Sequence[Outcome], none: Outcome, full: Outcome) -> li
     """One scenario's sweep points in the shape sim.plots.frontier_figures draws."""
     rows = []
     for o in points:
-        share = benefit_share(none.summary.mean_jct_h, o.summary.mean_jct_h,
-                              full.summary.mean_jct_h)
+        share = kept_share(none.summary.mean_jct_h, o.summary.mean_jct_h,
+                           full.summary.mean_jct_h)
         rows.append({"regime": o.regime.name, "benefit_median": share,
                      "benefit_worst": share, "epsilon_day_max": o.epsilon_day_max,
                      "load": vars(o.load_attack), "failure": vars(o.failure_attack)})

@@ -29,7 +29,9 @@ from sim.traces import (
     JobSpec,
     JobTraceOptions,
     load_faults,
-    load_jobs,
+    read_jobs,
+    select_jobs,
+    sizing_jobs,
     with_tenants,
 )
 
@@ -62,12 +64,21 @@ class Outcome:
     failure_data: AttackData | None = None
     #: ε each pool spent over the run's busiest 24 hours (private mode; 0 otherwise).
     epsilon_day_max: float = 0.0
+    #: Per pool: its GPUs (the cluster as sized, the same in every regime).
+    pool_gpus: dict[str, int] = field(default_factory=dict)
 
 
-def build(cfg: SimConfig, jobs: Sequence[JobSpec], faults: FaultTrace | None) -> Scenario:
-    """Size the cluster for ``jobs``, give jobs owners, and lay the faults on the nodes."""
+def build(cfg: SimConfig, jobs: Sequence[JobSpec], faults: FaultTrace | None,
+          sizing: Sequence[JobSpec] | None = None) -> Scenario:
+    """Size the cluster for ``sizing`` (default: ``jobs``), give jobs owners, and lay the
+    faults on the nodes.
+
+    Pass the jobs at the trace's own arrival times as ``sizing`` when ``jobs`` had their
+    arrivals scaled (sim.traces.sizing_jobs): the cluster is then the same at every scale
+    and only the load on it changes.
+    """
     owned = with_tenants(jobs, cfg.tenants, cfg.seed)
-    cluster = size_cluster(owned, cfg)
+    cluster = size_cluster(owned if sizing is None else sizing, cfg)
     # Random processes run until well past the last job's expected end.
     horizon = max((j.arrival + 3 * j.duration for j in owned), default=0.0)
     fault_specs: list[FaultSpec] = []
@@ -82,10 +93,10 @@ def build(cfg: SimConfig, jobs: Sequence[JobSpec], faults: FaultTrace | None) ->
 def from_traces(cfg: SimConfig, jobs_path: Path | str = PHILLY_JOBS,
                 faults_path: Path | str | None = INFINITEHBD_FAULTS,
                 opts: JobTraceOptions | None = None) -> Scenario:
-    jobs = load_jobs(jobs_path, opts)
+    raw = read_jobs(jobs_path)
     faults = None if faults_path is None or cfg.fault_source == "none" else load_faults(
         faults_path)
-    return build(cfg, jobs, faults)
+    return build(cfg, select_jobs(raw, opts), faults, sizing_jobs(raw, opts))
 
 
 def simulate(scenario: Scenario, regime: Regime) -> RunResult:
@@ -107,14 +118,16 @@ def evaluate(scenario: Scenario, regime: Regime, *, score_runs: bool = True) -> 
     tag = f"{cfg.seed}:{regime.name}"
     loads = load_data(result.records, cfg.sample_s, tag)
     failures = failure_data(result.records, cfg.attack_window_s, cfg.sample_s, tag)
-    unscored = LearnedScore("not scored", 0.5, 0.5, 0.5, 0.5, 0, 0, "", 0)
+    unscored = LearnedScore("not scored", 0.5, 0.5, 0.5, 0.5, 0, 0, "", 0, 0)
     return Outcome(regime, summarize(result),
                    score("others' load above median", [loads], cfg.seed) if score_runs
                    else unscored,
                    score("a host failed in the window", [failures], cfg.seed) if score_runs
                    else unscored,
                    dict(result.counters), policy, breakdown, per_pool_jct(result),
-                   loads, failures, result.epsilon_day_max)
+                   loads, failures, result.epsilon_day_max,
+                   {p.name: p.nodes * scenario.cluster.gpus_per_node
+                    for p in scenario.cluster.pools})
 
 
 _SHARED: Scenario | None = None

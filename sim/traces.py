@@ -2,9 +2,15 @@
 
 Two formats:
 
-* a job trace in the Philly/Sia CSV columns ``timestamp, duration, num_gpus, gpu_time,
-  cluster`` (``timestamp`` an ISO date-time or seconds; ``duration`` seconds; ``gpu_time``
-  must equal ``duration * num_gpus``);
+* a **job trace** CSV, the format ``docs/privacy-utility.md`` documents ("The job trace
+  format"): a header row naming at least ``timestamp, duration, num_gpus, gpu_time,
+  cluster`` in any order (other columns are ignored), then one job per row.
+  ``timestamp`` is the submission time, an ISO 8601 date-time (one with a UTC offset is
+  taken in UTC) or seconds on any origin; ``duration`` the seconds the job ran (> 0);
+  ``num_gpus`` a whole number >= 1; ``gpu_time`` must equal ``duration * num_gpus`` (a
+  check that the columns were not shifted); ``cluster`` names the job's pool (a virtual
+  cluster). Philly as the Sia artifact ships it is in this format; ``sim.convert`` writes
+  other public traces in it.
 * a node fault trace in InfiniteHBD's JSON shape: a list of records ``{node_id,
   event_time (days), event_type: fault_start|fault_end, fault_type: {Level, Class, Desc}}``.
 
@@ -21,7 +27,7 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 #: The public traces, kept in ``shared/data/traces`` beside the repository.
@@ -30,7 +36,7 @@ PHILLY_JOBS = TRACE_DIR / "philly_sia_jobs.csv"
 INFINITEHBD_FAULTS = TRACE_DIR / "infinitehbd_fault_trace.json"
 
 JOB_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
-_POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]*\Z")
+POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]*\Z")
 _EPOCH = datetime(1970, 1, 1)
 DAY = 86400.0
 
@@ -91,11 +97,16 @@ def _number(raw: str, where: str, field: str) -> float:
     return value
 
 
-def _timestamp(raw: str, where: str) -> float:
+def timestamp(raw: str, where: str) -> float:
+    """Seconds since the epoch from an ISO 8601 date-time or a number of seconds."""
     try:
-        return (datetime.fromisoformat(raw) - _EPOCH).total_seconds()
+        when = datetime.fromisoformat(raw)
     except ValueError:
         pass
+    else:
+        if when.tzinfo is not None:  # an offset: the same instant in UTC, naive
+            when = when.astimezone(UTC).replace(tzinfo=None)
+        return (when - _EPOCH).total_seconds()
     try:
         value = float(raw)
     except ValueError:
@@ -128,7 +139,7 @@ def parse_job_rows(rows: Iterable[Sequence[str]], source: str) -> list[RawJob]:
         where = f"{source}:{line}"
         if len(row) != width:
             raise TraceError(f"{where}: expected {width} fields, got {len(row)}")
-        stamp = _timestamp(row[col["timestamp"]].strip(), where)
+        stamp = timestamp(row[col["timestamp"]].strip(), where)
         duration = _number(row[col["duration"]], where, "duration")
         if duration <= 0:
             raise TraceError(f"{where}: field 'duration': must be positive, got {duration:g}")
@@ -142,7 +153,7 @@ def parse_job_rows(rows: Iterable[Sequence[str]], source: str) -> list[RawJob]:
             raise TraceError(f"{where}: field 'gpu_time': {gpu_time:g} is not duration * num_gpus "
                              f"= {duration * gpus:g}")
         pool = row[col["cluster"]].strip()
-        if not _POOL_NAME.match(pool) or len(pool) > 64:
+        if not POOL_NAME.match(pool) or len(pool) > 64:
             raise TraceError(f"{where}: field 'cluster': expected a name of letters, digits and "
                              f"._:@+-, got {pool!r:.40}")
         out.append((stamp, duration, gpus, pool))
@@ -207,17 +218,28 @@ def select_jobs(raw: list[RawJob],
             for n, (t, d, g, p) in enumerate(kept)]
 
 
-def load_jobs(path: Path | str = PHILLY_JOBS, opts: JobTraceOptions | None = None) -> list[JobSpec]:
-    """Read a job trace in the Philly/Sia columns; see :class:`JobTraceOptions`."""
+def read_jobs(path: Path | str = PHILLY_JOBS) -> list[RawJob]:
+    """Read and validate a job trace CSV (the whole file), without selecting from it."""
     path = Path(path)
     try:
         with path.open(newline="") as f:
-            raw = parse_job_rows(csv.reader(f), path.name)
+            return parse_job_rows(csv.reader(f), path.name)
     except OSError as exc:
         raise TraceError(f"{path.name}: cannot read: {exc.strerror or exc}") from None
     except (csv.Error, UnicodeDecodeError) as exc:
         raise TraceError(f"{path.name}: not a readable CSV file: {exc}") from None
-    return select_jobs(raw, opts)
+
+
+def load_jobs(path: Path | str = PHILLY_JOBS, opts: JobTraceOptions | None = None) -> list[JobSpec]:
+    """Read a job trace in the documented CSV format; see :class:`JobTraceOptions`."""
+    return select_jobs(read_jobs(path), opts)
+
+
+def sizing_jobs(raw: list[RawJob], opts: JobTraceOptions | None = None) -> list[JobSpec]:
+    """The jobs a cluster is sized for: the same selection at the trace's own arrival
+    times. Scaling arrivals then changes the load on the cluster, not the cluster."""
+    opts = opts or JobTraceOptions()
+    return select_jobs(raw, replace(opts, arrival_scale=1.0))
 
 
 def with_tenants(jobs: Sequence[JobSpec], tenants: Sequence[str], seed: int) -> list[JobSpec]:

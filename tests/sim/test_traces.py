@@ -210,3 +210,9 @@ def test_a_slice_of_the_public_traces_simulates_to_the_end():
         outcome = evaluate(scenario, regime)
         assert outcome.summary.finished == len(scenario.jobs)
         assert outcome.summary.utilization <= 1.0
+
+
+def test_a_timestamp_with_an_offset_is_the_same_instant_in_utc():
+    out = parse_job_rows(rows("2017-10-09T07:00:00+02:00,10,1,10,p",
+                              "2017-10-09 05:00:30,10,1,10,p"), "t.csv")
+    assert out[1][0] - out[0][0] == 30.0
