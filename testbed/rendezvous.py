@@ -43,7 +43,7 @@ MAX_RANKS = 4096
 
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"not HOST:PORT: {text!r}")
     return host, int(port)
 
@@ -259,7 +259,7 @@ class Barrier:
     """A rank's side: after issuing collective N, :meth:`wait` until every rank has."""
 
     def __init__(self, address: tuple[str, int], comm: int, n_ranks: int, rank: int, *,
-                 waiter: Waiter, connect_for: float = 30.0) -> None:
+                 waiter: Waiter, connect_for: float = 5.0) -> None:
         self.waiter = waiter
         self.sock = _connect(address, waiter, connect_for)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
