@@ -103,14 +103,16 @@ class LabJob:
         self.stop()
         self.comm = self.lab.next_comm()
         kit, cluster = self.lab.kit, self.lab.cluster
-        for rank in range(N_RANKS):
-            host = self.host_of(rank)
-            self.ranks.append(kit.start(
-                job=self.name, directory=cluster.policy_dir(host), comm=self.comm,
-                n_ranks=N_RANKS, n_nodes=len(HOSTS), rate=rate, uid=GROUP + 1 + rank,
-                gid=GROUP, lab=self.lab.lab, host=host, sync=self.lab.rendezvous, rank=rank,
-                pauses=pauses, slow=(slow or {}).get(rank, 0.0)))
-            self.lab.on_gpu(host, self.gpu_of(rank), self.ranks[-1].proc.pid)
+        assert kit is not None
+        with self.lab.lock:  # jobs may start from several threads (the kit counts logs)
+            for rank in range(N_RANKS):
+                host = self.host_of(rank)
+                self.ranks.append(kit.start(
+                    job=self.name, directory=cluster.policy_dir(host), comm=self.comm,
+                    n_ranks=N_RANKS, n_nodes=len(HOSTS), rate=rate, uid=GROUP + 1 + rank,
+                    gid=GROUP, lab=self.lab.lab, host=host, sync=self.lab.rendezvous,
+                    rank=rank, pauses=pauses, slow=(slow or {}).get(rank, 0.0)))
+                self.lab.on_gpu(host, self.gpu_of(rank), self.ranks[-1].proc.pid)
         return self.comm
 
     def stop(self) -> list[bool]:
@@ -132,8 +134,9 @@ class LabJob:
         comms = [c for j in jobs for c in j["comms"] if int(c["comm"], 16) == self.comm]
         return comms[0] if comms else None
 
-    def running(self, timeout: float = 30.0) -> None:
-        """Wait until both agents count their four ranks of it and the ranks move."""
+    def running(self, timeout: float = 30.0, collectives: int = 20) -> None:
+        """Wait until both agents count their four ranks of it and see them issue
+        ``collectives`` more."""
         def counted() -> dict[str, int] | None:
             views = {h: self.view(h) for h in HOSTS}
             if not all(v and v["ranks_here"] == RANKS_PER_HOST for v in views.values()):
@@ -142,7 +145,8 @@ class LabJob:
 
         first = wait_until(counted, timeout, f"both agents to count job {self.name}'s ranks",
                            interval=0.1)
-        wait_until(lambda: (now := counted()) and all(now[h] >= first[h] + 20 for h in HOSTS),
+        wait_until(lambda: (now := counted()) and all(now[h] >= first[h] + collectives
+                                                      for h in HOSTS),
                    timeout, f"job {self.name}'s ranks to move", interval=0.1)
 
     # --- faults -----------------------------------------------------------------------
@@ -189,6 +193,7 @@ class HangLab:
         self._cut: set[str] = set()
         self._gpu_pids: dict[tuple[str, int], set[int]] = {}
         self._comms = 0
+        self.lock = threading.RLock()
 
     def _jobhealth(self) -> str:
         return "[jobhealth]\n" + self.settings if self.settings else ""
@@ -218,7 +223,7 @@ class HangLab:
             self.cluster.start_agent(host, gpus=RANKS_PER_HOST,
                                      extra=DATA_LINKS + self._jobhealth())
         self._start_rendezvous()
-        self.job = self.place(JOB)
+        self.place(JOB)
         self._watch()
 
     def _data_network(self) -> None:
@@ -282,8 +287,9 @@ class HangLab:
     # --- jobs ---------------------------------------------------------------------------
 
     def next_comm(self) -> int:
-        self._comms += 1
-        return (FIRST_COMM + self._comms) & WIRE_MASK
+        with self.lock:
+            self._comms += 1
+            return (FIRST_COMM + self._comms) & WIRE_MASK
 
     def place(self, name: str) -> LabJob:
         """Place ``name`` on both hosts (with the group), declare it as the tenant, and
@@ -300,13 +306,17 @@ class HangLab:
             wait_until(lambda h=host: name in {j["job"] for j in self.cluster.agent_request(
                 h, "jobs")["jobs"]}, 20, f"{host}'s agent to get {name}'s declaration")
         job = self.jobs[name] = LabJob(self, name)
+        if self.job is None:
+            self.job = job
         return job
 
     def on_gpu(self, host: str, gpu: int, pid: int, gone: bool = False) -> None:
         """Keep the fake NVML's process list of ``host``'s GPU ``gpu`` (a rank runs there)."""
-        pids = self._gpu_pids.setdefault((host, gpu), set())
-        (pids.discard if gone else pids.add)(pid)
-        self.cluster.gpus[host].set(gpu, processes={p: 1 << 30 for p in sorted(pids)} or None)
+        with self.lock:
+            pids = self._gpu_pids.setdefault((host, gpu), set())
+            (pids.discard if gone else pids.add)(pid)
+            self.cluster.gpus[host].set(gpu, processes={p: 1 << 30 for p in sorted(pids)}
+                                        or None)
 
     # --- the first job's faults ---------------------------------------------------------
 
