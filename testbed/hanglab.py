@@ -373,6 +373,13 @@ class HangLab:
                 and (job is None or m["body"]["job"] == job)
                 and (comm is None or m["body"]["comm"] == comm & WIRE_MASK)]
 
+    def messages_after(self, since: int, timeout: float) -> list[dict[str, Any]]:
+        """Messages from ``since`` on, waiting up to ``timeout`` for one."""
+        with self._arrived:
+            if len(self.messages) <= since:
+                self._arrived.wait(timeout)
+            return [m for _, m in self.messages[since:]]
+
     def mark(self) -> int:
         """Where the messages are now (for ``since``)."""
         with self._arrived:
