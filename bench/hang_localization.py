@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import percentile  # noqa: E402
 from harmonaize.progress import ProgressSettings  # noqa: E402
-from testbed.hanglab import HOSTS, N_RANKS, RANKS_PER_HOST, RATE, HangLab, LabJob  # noqa: E402
+from testbed.hangjob import HOSTS, N_RANKS, RANKS_PER_HOST, RATE, LabJob  # noqa: E402
+from testbed.hanglab import HangLab  # noqa: E402
 from testbed.ranks import issued  # noqa: E402
 
 DEFAULTS = ProgressSettings()

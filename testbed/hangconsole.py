@@ -23,7 +23,8 @@ import sys
 import threading
 from typing import Any
 
-from testbed.hanglab import HOSTS, N_RANKS, TENANT, HangLab, LabJob
+from testbed.hangjob import HOSTS, N_RANKS, LabJob
+from testbed.hanglab import TENANT, HangLab
 
 #: Where ``pause`` makes every rank pause (5 s in, at the lab's rate).
 PAUSE_AT = 100

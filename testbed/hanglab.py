@@ -1,10 +1,10 @@
 """The hang lab: a job of eight coupled ranks on two hosts, and real faults to hang it.
 
     with HangLab() as lab:
-        comm = lab.job.start()
-        lab.job.running()
+        comm = lab.first.start()
+        lab.first.running()
         lab.signal(5, signal.SIGSTOP)
-        lab.wait_progress(lambda b: b["finding"] == "hang", 20, "a hang told")
+        lab.wait_progress(lambda b: b["finding"] == "hang", 20, "a hang told", comm=comm)
 
 Namespaces ``controller``, ``h0``, ``h1`` and ``tenant`` (testbed/netns.Lab), the real
 controller and two real agents (testbed/cluster.TestCluster) with fake GPUs (one per
@@ -22,12 +22,12 @@ lab's switch namespace), every frame to or from that host's data link: its link 
 up and its stack retransmits into nothing, as behind a failed switch port (either way,
 h1's ranks are cut off from their fellows); the control path stays up.
 
-Faults: :meth:`LabJob.signal` (SIGSTOP, SIGKILL, SIGCONT), :meth:`LabJob.hold` (the
-rank stops issuing while its process runs: stuck in data loading) and
-:meth:`LabJob.release`, :meth:`LabJob.gpu_fault` (an XID on the rank's GPU in the fake
-NVML), :meth:`HangLab.cut` and :meth:`HangLab.mend`. The lab's own shortcuts act on its
-first job. Everything (ranks, daemons, nft tables, namespaces) goes on exit, also on
-failure.
+Faults, on a job (testbed/hangjob.py): :meth:`LabJob.signal` (SIGSTOP, SIGKILL,
+SIGCONT), :meth:`LabJob.hold` (the rank stops issuing while its process runs: stuck in
+data loading) and :meth:`LabJob.release`, :meth:`LabJob.gpu_fault` (an XID on the rank's
+GPU in the fake NVML); on the lab, :meth:`HangLab.cut` and :meth:`HangLab.mend`. The
+lab's own shortcuts act on its first job. Everything (ranks, daemons, nft tables,
+namespaces) goes on exit, also on failure.
 """
 
 from __future__ import annotations
@@ -43,27 +43,22 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from harmonaize.switches import WIRE_MASK
 from testbed.cluster import SMALL_CLUSTER, TenantWatcher, TestCluster, wait_until
+from testbed.hangjob import GROUP, HOSTS, N_RANKS, RANKS_PER_HOST, LabJob
 from testbed.netns import Lab
-from testbed.ranks import ROOT, RankKit, RankProcess, stop
+from testbed.ranks import ROOT, RankKit
 
 NAMESPACES = ["controller", "h0", "h1", "tenant"]
-HOSTS = ("h0", "h1")
-RANKS_PER_HOST = 4
-N_RANKS = RANKS_PER_HOST * len(HOSTS)
 TENANT = "acme"
 JOB = "train-hang"
-GROUP = 61300  # the jobs' Unix group; rank r runs as uid GROUP + 1 + r
 DATA_NET = "10.232.0"  # data0 addresses: h0 .1, h1 .2
 RENDEZVOUS_PORT = 7470
 NFT_TABLE = "hzhang"
-#: Collectives a second each rank issues (the coupling permitting).
-RATE = 20.0
 #: The job's first communicator id; each start takes the next (within the wire's 62 bits).
 FIRST_COMM = 0x0A11_0000_0000_0000
 
@@ -72,99 +67,6 @@ FIRST_COMM = 0x0A11_0000_0000_0000
 #: so that the ranks' trickle never reads as congestion.
 DATA_LINKS = ('[observers.links]\ninclude = ["data0"]\nmode = "proc"\n'
               'speeds = { data0 = 10000 }\n')
-
-
-class LabJob:
-    """One placed job and its running communicator (eight coupled ranks)."""
-
-    def __init__(self, lab: HangLab, name: str) -> None:
-        self.lab = lab
-        self.name = name
-        self.comm = 0
-        self.ranks: list[RankProcess] = []
-
-    @staticmethod
-    def host_of(rank: int) -> str:
-        return HOSTS[rank // RANKS_PER_HOST]
-
-    @staticmethod
-    def gpu_of(rank: int) -> int:
-        return rank % RANKS_PER_HOST
-
-    def pid(self, rank: int) -> int:
-        return self.ranks[rank].proc.pid
-
-    # --- ranks ------------------------------------------------------------------------
-
-    def start(self, *, pauses: Mapping[int, float] | None = None,
-              slow: Mapping[int, float] | None = None, rate: float = RATE) -> int:
-        """Stop the ranks running, start eight coupled ones of a new communicator (its
-        id is returned); ``pauses`` for every rank, ``slow`` seconds per rank."""
-        self.stop()
-        self.comm = self.lab.next_comm()
-        kit, cluster = self.lab.kit, self.lab.cluster
-        assert kit is not None
-        with self.lab.lock:  # jobs may start from several threads (the kit counts logs)
-            for rank in range(N_RANKS):
-                host = self.host_of(rank)
-                self.ranks.append(kit.start(
-                    job=self.name, directory=cluster.policy_dir(host), comm=self.comm,
-                    n_ranks=N_RANKS, n_nodes=len(HOSTS), rate=rate, uid=GROUP + 1 + rank,
-                    gid=GROUP, lab=self.lab.lab, host=host, sync=self.lab.rendezvous,
-                    rank=rank, pauses=pauses, slow=(slow or {}).get(rank, 0.0)))
-                self.lab.on_gpu(host, self.gpu_of(rank), self.ranks[-1].proc.pid)
-        return self.comm
-
-    def stop(self) -> list[bool]:
-        """SIGTERM every rank (continued and released first); whether each ended itself."""
-        for rank in self.ranks:
-            if rank.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    rank.proc.send_signal(signal.SIGCONT)
-                    rank.proc.send_signal(signal.SIGUSR2)
-        ended = stop(self.ranks)
-        for index, rank in enumerate(self.ranks):
-            self.lab.on_gpu(self.host_of(index), self.gpu_of(index), rank.proc.pid, gone=True)
-        self.ranks = []
-        return ended
-
-    def view(self, host: str) -> dict[str, Any] | None:
-        """``host``'s agent's job-health view of the running communicator (None: not seen)."""
-        jobs = self.lab.cluster.agent_request(host, "job-health", {"job": self.name})["jobs"]
-        comms = [c for j in jobs for c in j["comms"] if int(c["comm"], 16) == self.comm]
-        return comms[0] if comms else None
-
-    def running(self, timeout: float = 30.0, collectives: int = 20) -> None:
-        """Wait until both agents count their four ranks of it and see them issue
-        ``collectives`` more."""
-        def counted() -> dict[str, int] | None:
-            views = {h: self.view(h) for h in HOSTS}
-            if not all(v and v["ranks_here"] == RANKS_PER_HOST for v in views.values()):
-                return None
-            return {h: v["collectives_min"] for h, v in views.items() if v}
-
-        first = wait_until(counted, timeout, f"both agents to count job {self.name}'s ranks",
-                           interval=0.1)
-        wait_until(lambda: (now := counted()) and all(now[h] >= first[h] + collectives
-                                                      for h in HOSTS),
-                   timeout, f"job {self.name}'s ranks to move", interval=0.1)
-
-    # --- faults -----------------------------------------------------------------------
-
-    def signal(self, rank: int, sig: signal.Signals) -> None:
-        os.kill(self.pid(rank), sig)
-
-    def hold(self, rank: int) -> None:
-        """The rank stops issuing collectives, its process running (SIGUSR1)."""
-        self.signal(rank, signal.SIGUSR1)
-
-    def release(self, rank: int) -> None:
-        self.signal(rank, signal.SIGUSR2)
-
-    def gpu_fault(self, rank: int, xid: int = 48) -> None:
-        """An XID on the rank's GPU in the fake NVML (48, a double-bit ECC error: the
-        hardware's, whoever runs there)."""
-        self.lab.cluster.gpus[self.host_of(rank)].inject_xid(self.gpu_of(rank), xid)
 
 
 class HangLab:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from testbed.hanglab import HOSTS, HangLab, LabJob
+from testbed.hangjob import HOSTS, LabJob
+from testbed.hanglab import HangLab
 from tests.conftest import needs_root
 from tests.daemons import wait_until
 
