@@ -5,8 +5,9 @@ rank needs (``tests/bin/nccl_rank.py``, the plugin's Python binding, the
 plugin and the stand-in NCCL) into a directory every user can read, so a
 rank can run as any uid and group with the system Python, wherever the
 project itself lives. :meth:`RankKit.start` launches one (optionally in a
-lab's namespace, through ``setpriv``); :func:`outcomes` reads its log of
-answers and :func:`disagreement` compares ranks collective by collective.
+lab's namespace, through ``setpriv``), coupled to its fellows through a rendezvous
+server (testbed/rendezvous.py) if asked; :func:`outcomes` reads its log of answers and
+:func:`disagreement` compares ranks collective by collective.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from testbed.netns import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("tests/bin/nccl_rank.py", "harmonaize/__init__.py", "testbed/__init__.py",
-         "testbed/plugin.py", "native/build/libnccl-tuner-harmonaize.so",
+         "testbed/plugin.py", "testbed/rendezvous.py",
+         "native/build/libnccl-tuner-harmonaize.so",
          "native/build/libnccl-fake.so")
 
 Outcome = tuple[int, str, str, int]  # from index, algorithm, protocol, channels
@@ -64,7 +66,12 @@ class RankKit:
               rate: float, uid: int | None = None, gid: int | None = None,
               groups: Sequence[int] = (), lab: Lab | None = None, host: str = "",
               nccl: int | None = 23203, abi: int = 5, limit: int = 0,
-              env: Mapping[str, str] | None = None) -> RankProcess:
+              env: Mapping[str, str] | None = None, sync: str = "", rank: int | None = None,
+              pauses: Mapping[int, float] | None = None, slow: float = 0.0) -> RankProcess:
+        """``sync`` (a rendezvous server's HOST:PORT) couples the rank, rank ``rank`` of
+        ``n_ranks``, to its fellows; ``rank`` is also its ``RANK``, as a launcher sets it.
+        ``pauses``: after which collectives it pauses, and for how long (every rank of a
+        job gets the same); ``slow``: seconds it adds before each collective."""
         self._count += 1
         log = self.logs / f"rank-{self._count}-{host or 'local'}.log"
         argv = [sys.executable if uid is None else "/usr/bin/python3", "-I",
@@ -74,6 +81,12 @@ class RankKit:
             argv += ["--nccl", str(nccl)]
         if limit:
             argv += ["--limit", str(limit)]
+        if sync:
+            argv += ["--sync", sync, "--rank", str(rank)]
+        if pauses:
+            argv += ["--pauses", ",".join(f"{i}:{s:g}" for i, s in sorted(pauses.items()))]
+        if slow:
+            argv += ["--slow", f"{slow:g}"]
         if uid is not None:
             # A tenant's process: its own uid and groups, nothing inherited from root.
             ids = ["--reuid", str(uid), "--regid", str(gid if gid is not None else uid)]
@@ -82,7 +95,8 @@ class RankKit:
         if lab is not None:
             argv = lab.cmd(host, argv)
         environment = {"PATH": "/usr/bin:/bin", "HARMONAIZE_JOB": job,
-                       "HARMONAIZE_TUNER_DIR": str(directory), **(env or {})}
+                       "HARMONAIZE_TUNER_DIR": str(directory),
+                       **({"RANK": str(rank)} if rank is not None else {}), **(env or {})}
         proc = subprocess.Popen(argv, env=environment, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         return RankProcess(proc, log, host)
