@@ -64,8 +64,9 @@ FIRST_COMM = 0x0A11_0000_0000_0000
 
 
 #: The agents' link observer: ``data0`` only (class ``data``), told it carries 10 Gb/s
-#: so that the ranks' trickle never reads as congestion.
-DATA_LINKS = ('[observers.links]\ninclude = ["data0"]\nmode = "proc"\n'
+#: so that the ranks' trickle never reads as congestion; eBPF, whose tracepoints count
+#: retransmissions per link (a dead path behind a link that looks fine).
+DATA_LINKS = ('[observers.links]\ninclude = ["data0"]\nmode = "ebpf"\n'
               'speeds = { data0 = 10000 }\n')
 
 

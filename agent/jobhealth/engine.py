@@ -258,12 +258,18 @@ class JobHealthEngine:
         finding, cause = self.verdict_of(state)
         ranks = self.behind_first(state)
         counts = [min(r.collectives, MAX_COUNT) for r in ranks]
+        still = min(max(now - state.moved_at, 0.0), MAX_STILL)
+        # A standstill shorter than hang_after goes out as none: its end is never reported
+        # (only crossing a threshold, and moving after one, are), so the controller, which
+        # counts a reported standstill on until the next report, would otherwise take a
+        # slow step's wait between two collectives for a hang across hosts.
+        still = still if still >= self.cfg.hang_after else 0.0
         return CommProgress(
             # NCCL's ids are random 64-bit values; the wire carries their low 62 bits,
             # as the tuning reports do, so the controller matches the two.
             comm=state.comm & WIRE_MASK, n_ranks=state.n_ranks, ranks_here=len(ranks),
             collectives_min=min(counts), collectives_max=max(counts),
-            still_for=round(min(max(now - state.moved_at, 0.0), MAX_STILL), 3),
+            still_for=round(still, 3),
             finding=finding, cause=cause,
             ranks=tuple(RankProgress(r.rank, min(r.collectives, MAX_COUNT), r.state, r.cause)
                         for r in ranks[:self.cfg.ranks_per_comm]),

@@ -106,10 +106,6 @@ def test_d_every_rank_pausing_together_past_hang_after_is_no_hang(lab: HangLab) 
     assert [e for e in history if e.get("comm") == comm and e["event"] != "stall"] == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an nft drop at the data bridge leaves h1's data0 up with no errors, the only data-link "
-    "faults today's agent joins (agent/jobhealth/service.py network_faulty): h1's ranks "
-    "block with no cause found, so nothing names them network"))
 def test_e_a_cut_data_path_names_h1s_ranks_network(lab: HangLab) -> None:
     job, comm = fresh(lab)
     since = lab.mark()
