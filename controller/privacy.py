@@ -49,12 +49,17 @@ Sampler = Callable[[int, float], int]
 
 @dataclass(frozen=True)
 class Plan:
-    """A pool's release plan, derived from the redaction's configuration."""
+    """A pool's release plan, derived from the redaction's configuration (and, with
+    ``noise_share``, from how many hosts the pool has: :func:`sized_plan`)."""
 
     epsilon_per_day: float
     release_interval: float
     host_gpus: int
     gpu_share: float
+    #: Hosts per protected unit: 1 for one host, ``job_hosts`` under ``unit = "job"``
+    #: (group privacy: the unit's hosts may all change at once, so every sensitivity is
+    #: this many times a host's).
+    group: int = 1
 
     @property
     def releases_per_day(self) -> int:
@@ -65,15 +70,44 @@ class Plan:
         return self.epsilon_per_day / self.releases_per_day
 
     @property
+    def gpu_sensitivity(self) -> int:
+        """The most one protected unit moves the free-GPU count by at one release."""
+        return self.host_gpus * self.group
+
+    @property
     def gpu_scale(self) -> float:
         """Noise scale (GPUs) on the free-GPU count."""
-        return self.host_gpus / (self.gpu_share * self.epsilon_per_release)
+        return self.gpu_sensitivity / (self.gpu_share * self.epsilon_per_release)
 
     @property
     def host_scale(self) -> float | None:
         """Noise scale (hosts) on each host count; None: host counts are not released."""
         rest = (1.0 - self.gpu_share) * self.epsilon_per_release
-        return None if rest <= 1e-12 else 2.0 / rest
+        return None if rest <= 1e-12 else 2.0 * self.group / rest
+
+
+def sized_plan(*, epsilon_per_day: float, fastest: float, slowest: float, host_gpus: int,
+               gpu_share: float, noise_share: float, group: int, hosts: int) -> Plan:
+    """A pool's plan: as many releases a day as keep the GPU noise's scale within
+    ``noise_share`` of the pool's GPUs (``hosts * host_gpus``), at most one every
+    ``fastest`` seconds and at least one every ``slowest``.
+
+    A day's budget is the same whatever the number of releases: ``R`` releases a day
+    each cost ``epsilon_per_day / R`` and carry noise of scale
+    ``sensitivity * R / (gpu_share * epsilon_per_day)``. Noise of a fixed number of GPUs
+    is negligible in a pool of 1,000 GPUs and drowns one of 32, so a small pool is
+    released less often and more precisely. ``hosts`` is the pool's inventory (every
+    host it has had, up or down), which the neighbouring relation leaves unchanged: the
+    plan, and so when releases happen, says nothing about what any host did.
+    ``noise_share`` 0: every pool at ``fastest`` (the plan before pools were sized).
+    """
+    most = max(1, math.floor(DAY / fastest + 1e-9))
+    fewest = min(most, max(1, math.ceil(DAY / max(slowest, fastest) - 1e-9)))
+    per_day = most
+    if noise_share > 0 and hosts > 0:
+        fits = math.floor(epsilon_per_day * gpu_share * noise_share * hosts / group + 1e-9)
+        per_day = min(most, max(fewest, fits))
+    return Plan(epsilon_per_day, DAY / per_day, host_gpus, gpu_share, group)
 
 
 #: Each private count goes out as the range that holds the true count with this
@@ -94,9 +128,9 @@ def margin(scale: float, confidence: float = CONFIDENCE) -> int:
 @functools.lru_cache(maxsize=64)
 def release_epsilon(plan: Plan) -> float:
     """ε of one release for one host's change, from OpenDP's privacy maps (composed)."""
-    eps = _laplace(plan.gpu_scale).map(plan.host_gpus)
+    eps = _laplace(plan.gpu_scale).map(plan.gpu_sensitivity)
     if plan.host_scale is not None:
-        eps += 2 * _laplace(plan.host_scale).map(1)
+        eps += 2 * _laplace(plan.host_scale).map(plan.group)
     return float(eps)
 
 

@@ -10,9 +10,10 @@ earliest time it may go out.
 Rules, each with a documented default in :class:`RedactionConfig`:
 
 * Pool capacity, in the default ``private`` mode, is released under differential
-  privacy (:mod:`controller.privacy`): one noisy estimate per pool every
-  ``release_interval`` seconds on a fixed schedule, within a budget of
-  ``epsilon_per_day`` per pool over any 24 hours, for pools of any size.
+  privacy (:mod:`controller.privacy`): one noisy estimate per pool on a fixed schedule
+  (every ``release_interval`` seconds, less often for a pool too small for that noise:
+  ``noise_share``), within a budget of ``epsilon_per_day`` per pool over any 24
+  hours, for pools of any size.
 * Pool capacity in ``redacted`` mode (the rule before, kept for comparison) is
   published only when it covers at least ``min_hosts`` hosts, with counts as coarse
   buckets, a trend that is the direction of the last bucket move, and no faster than
@@ -47,12 +48,20 @@ from controller.jobredaction import (
     rebuilt_notice,
 )
 from controller.poolredaction import private_capacity, shaped_capacities, trend, true_counts
-from controller.privacy import Ledger, Plan, Sampler, opendp_sampler, release_epsilon
+from controller.privacy import (
+    Ledger,
+    Plan,
+    Sampler,
+    opendp_sampler,
+    release_epsilon,
+    sized_plan,
+)
 from controller.redactionconfig import (
     Mode,
     PoolNames,
     PoolPrivacy,
     RedactionConfig,
+    Unit,
     job_topic,
     pool_topic,
 )
@@ -94,6 +103,9 @@ class Redactor:
     _hosts: list[HostState] = field(default_factory=list)
     _pools: set[tuple[str, str]] = field(default_factory=set)
     _next_release: dict[str, float] = field(default_factory=dict)
+    #: Private mode: the most hosts each pool topic has had (its inventory; hosts are
+    #: never forgotten, so it does not move when a host goes down), which sizes its plan.
+    _inventory: dict[str, int] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
     #: Hosts left out of capacity at the last observation, by the (pool, class) their
@@ -207,6 +219,7 @@ class Redactor:
                 self._topics.pop(topic, None)
                 self._trend.pop(topic, None)
                 self._next_release.pop(topic, None)
+                self._inventory.pop(topic, None)
         self._pools = {key for key in self._pools if self.names.own(*key) is not None}
         return sorted(gone)
 
@@ -243,22 +256,29 @@ class Redactor:
             times += self._next_release.values()
         return min(times, default=None)
 
-    def plan(self) -> Plan:
+    def plan(self, topic: str | None = None) -> Plan:
+        """A pool topic's release plan (None: the plan of a pool large enough for the
+        shortest interval)."""
         c = self.cfg
-        return Plan(c.epsilon_per_day, c.release_interval, c.host_gpus, c.gpu_share)
+        hosts = 0 if topic is None else self._inventory.get(topic, 0)
+        return sized_plan(
+            epsilon_per_day=c.epsilon_per_day, fastest=c.release_interval,
+            slowest=c.max_release_interval, host_gpus=c.host_gpus, gpu_share=c.gpu_share,
+            noise_share=c.noise_share if topic is not None else 0.0,
+            group=c.job_hosts if c.unit is Unit.JOB else 1, hosts=hosts)
 
     def privacy(self, now: float) -> list[PoolPrivacy]:
-        """Each private pool's budget and spending over the last 24 hours."""
-        plan = self.plan()
-        eps = release_epsilon(plan)
+        """Each private pool's plan, budget and spending over the last 24 hours."""
         out = []
         for topic in sorted(set(self._next_release) | set(self.ledger.topics())):
             _, pool, gpu_class = topic.split("/", 2)
+            plan = self.plan(topic)
             nxt = self._next_release.get(topic)
             out.append(PoolPrivacy(
                 pool, gpu_class, plan.epsilon_per_day, self.ledger.spent(topic, now),
-                self.ledger.releases(topic, now), eps, plan.gpu_scale, plan.host_scale,
-                None if nxt is None else max(0.0, nxt - now)))
+                self.ledger.releases(topic, now), release_epsilon(plan),
+                plan.release_interval, self._inventory.get(topic, 0), plan.gpu_scale,
+                plan.host_scale, None if nxt is None else max(0.0, nxt - now)))
         return out
 
     def current(self, prefix: str = "") -> list[Publication]:
@@ -312,25 +332,29 @@ class Redactor:
     def _private_truth(self, hosts: list[HostState], now: float) -> None:
         """Private mode: keep the hosts for the next planned release (counted only then)."""
         self._hosts = hosts
-        for key in {(h.pool, h.gpu_class) for h in hosts} - self._pools:
-            self._pools.add(key)
-            # A pool first seen by this process waits one whole interval: releases are
-            # never closer than that, across restarts too (controller/privacy.py).
-            self._next_release.setdefault(pool_topic(*key), now + self.cfg.release_interval)
+        for key, count in Counter((h.pool, h.gpu_class) for h in hosts).items():
+            topic = pool_topic(*key)
+            self._inventory[topic] = max(self._inventory.get(topic, 0), count)
+            if key not in self._pools:
+                self._pools.add(key)
+                # A pool first seen by this process waits one whole interval of its plan:
+                # releases are never closer than that, across restarts too
+                # (controller/privacy.py).
+                self._next_release.setdefault(topic, now + self.plan(topic).release_interval)
 
     def _private_releases(self, now: float) -> None:
         if not any(at <= now for at in self._next_release.values()):
             return
-        plan = self.plan()
-        eps = release_epsilon(plan)
         sample = self.sampler or opendp_sampler
         counts = true_counts(self.cfg, self._hosts)
         for topic, at in sorted(self._next_release.items()):
             if at > now:
                 continue
+            plan = self.plan(topic)
             self._next_release[topic] = now + plan.release_interval
             truth = counts.get(topic)
-            if truth is None or not self.ledger.charge(topic, now, eps, plan.epsilon_per_day):
+            if truth is None or not self.ledger.charge(topic, now, release_epsilon(plan),
+                                                       plan.epsilon_per_day):
                 continue
             self._capacity_message(topic, private_capacity(truth, plan, sample), now,
                                    immediate=True)
