@@ -65,6 +65,7 @@ from controller.redactionconfig import (
     job_topic,
     pool_topic,
 )
+from controller.releaseschedule import Schedules
 from controller.types import HostState, Placement, Publication
 from harmonaize.messages import (
     JobAdvisory,
@@ -97,15 +98,12 @@ class Redactor:
     #: Each multi-host job's tuning as the controller's agreement sees it.
     _tuning: dict[str, tuple[str, TuningStatus]] = field(default_factory=dict)
     #: Private mode: the noise (None: OpenDP's secure sampler), the accountant, the
-    #: latest hosts, the pools seen and when each pool topic's next release is planned.
+    #: latest hosts, and when each pool topic's next release is planned under which plan.
     sampler: Sampler | None = None
     ledger: Ledger = field(default_factory=Ledger)
     _hosts: list[HostState] = field(default_factory=list)
-    _pools: set[tuple[str, str]] = field(default_factory=set)
-    _next_release: dict[str, float] = field(default_factory=dict)
-    #: Private mode: the most hosts each pool topic has had (its inventory; hosts are
-    #: never forgotten, so it does not move when a host goes down), which sizes its plan.
-    _inventory: dict[str, int] = field(default_factory=dict)
+    #: Private mode: each pool topic's plan and next release (controller/releaseschedule.py).
+    schedules: Schedules = field(default_factory=Schedules)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
     #: Hosts left out of capacity at the last observation, by the (pool, class) their
@@ -212,16 +210,26 @@ class Redactor:
         if self.names is None:
             return []
         gone = []
-        for topic in [t for t in set(self._topics) | set(self._next_release)
+        for topic in [t for t in set(self._topics) | set(self.schedules.topics())
                       if t.startswith("pool/")]:
             if not self.names.declares(topic):
                 gone.append(topic)
                 self._topics.pop(topic, None)
                 self._trend.pop(topic, None)
-                self._next_release.pop(topic, None)
-                self._inventory.pop(topic, None)
-        self._pools = {key for key in self._pools if self.names.own(*key) is not None}
+                self.schedules.forget(topic)
         return sorted(gone)
+
+    def restore_inventory(self, hosts: Iterable[HostState]) -> None:
+        """The hosts a restart restored, before any is heard from: each pool's first plan
+        is then the one the process before this one last used (controller/
+        releaseschedule.py)."""
+        counts: Counter[str] = Counter()
+        for host in hosts:
+            own = (host.pool, host.gpu_class) if self.names is None else self.names.own(
+                host.pool, host.gpu_class)
+            if own is not None:
+                counts[pool_topic(*own)] += 1
+        self.schedules.restore(counts.items())
 
     def _named(self, hosts: list[HostState]) -> list[HostState]:
         """The hosts whose pool and class are declared, under the declared strings."""
@@ -253,32 +261,37 @@ class Redactor:
     def next_due(self) -> float | None:
         times = [s.pending_at for s in self._topics.values() if s.pending is not None]
         if self.cfg.mode is Mode.PRIVATE:
-            times += self._next_release.values()
+            times += self.schedules.times()
         return min(times, default=None)
 
     def plan(self, topic: str | None = None) -> Plan:
-        """A pool topic's release plan (None: the plan of a pool large enough for the
+        """A pool topic's plan in force (None: the plan of a pool large enough for the
         shortest interval)."""
+        if topic is not None and (plan := self.schedules.plan(topic)) is not None:
+            return plan
+        return self._sized(0)
+
+    def _sized(self, hosts: int) -> Plan:
+        """The plan the configuration gives a pool with this inventory (0: none known)."""
         c = self.cfg
-        hosts = 0 if topic is None else self._inventory.get(topic, 0)
         return sized_plan(
             epsilon_per_day=c.epsilon_per_day, fastest=c.release_interval,
             slowest=c.max_release_interval, host_gpus=c.host_gpus, gpu_share=c.gpu_share,
-            noise_share=c.noise_share if topic is not None else 0.0,
-            group=c.job_hosts if c.unit is Unit.JOB else 1, hosts=hosts)
+            noise_share=c.noise_share, group=c.job_hosts if c.unit is Unit.JOB else 1,
+            hosts=hosts)
 
     def privacy(self, now: float) -> list[PoolPrivacy]:
         """Each private pool's plan, budget and spending over the last 24 hours."""
         out = []
-        for topic in sorted(set(self._next_release) | set(self.ledger.topics())):
+        for topic in sorted(set(self.schedules.topics()) | set(self.ledger.topics())):
             _, pool, gpu_class = topic.split("/", 2)
             plan = self.plan(topic)
-            nxt = self._next_release.get(topic)
+            nxt = self.schedules.next_at(topic)
             out.append(PoolPrivacy(
                 pool, gpu_class, plan.epsilon_per_day, self.ledger.spent(topic, now),
                 self.ledger.releases(topic, now), release_epsilon(plan),
-                plan.release_interval, self._inventory.get(topic, 0), plan.gpu_scale,
-                plan.host_scale, None if nxt is None else max(0.0, nxt - now)))
+                plan.release_interval, self.schedules.inventory.get(topic, 0),
+                plan.gpu_scale, plan.host_scale, None if nxt is None else max(0.0, nxt - now)))
         return out
 
     def current(self, prefix: str = "") -> list[Publication]:
@@ -330,34 +343,31 @@ class Redactor:
         self._schedule(topic, replace(body, trend=moved), now, immediate=immediate)
 
     def _private_truth(self, hosts: list[HostState], now: float) -> None:
-        """Private mode: keep the hosts for the next planned release (counted only then)."""
+        """Private mode: keep the hosts for the next planned release (counted only then),
+        and each pool's inventory for its plan."""
         self._hosts = hosts
-        for key, count in Counter((h.pool, h.gpu_class) for h in hosts).items():
-            topic = pool_topic(*key)
-            self._inventory[topic] = max(self._inventory.get(topic, 0), count)
-            if key not in self._pools:
-                self._pools.add(key)
-                # A pool first seen by this process waits one whole interval of its plan:
-                # releases are never closer than that, across restarts too
-                # (controller/privacy.py).
-                self._next_release.setdefault(topic, now + self.plan(topic).release_interval)
+        for (pool, gpu_class), count in Counter((h.pool, h.gpu_class) for h in hosts).items():
+            self.schedules.see(pool_topic(pool, gpu_class), count, now, self._sized)
 
     def _private_releases(self, now: float) -> None:
-        if not any(at <= now for at in self._next_release.values()):
+        due = self.schedules.due(now)
+        if not due:
             return
         sample = self.sampler or opendp_sampler
         counts = true_counts(self.cfg, self._hosts)
-        for topic, at in sorted(self._next_release.items()):
-            if at > now:
+        for topic in due:
+            # A configuration reloaded since: the new plan, with the spacing it needs.
+            self.schedules.check(topic, now, self._sized)
+            state = self.schedules.pools[topic]
+            if state.next_at > now:
                 continue
-            plan = self.plan(topic)
-            self._next_release[topic] = now + plan.release_interval
-            truth = counts.get(topic)
-            if truth is None or not self.ledger.charge(topic, now, release_epsilon(plan),
-                                                       plan.epsilon_per_day):
-                continue
-            self._capacity_message(topic, private_capacity(truth, plan, sample), now,
-                                   immediate=True)
+            plan, truth = state.plan, counts.get(topic)
+            charged = truth is not None and self.ledger.charge(
+                topic, now, release_epsilon(plan), plan.epsilon_per_day)
+            self.schedules.released(topic, now, charged=charged)
+            if charged and truth is not None:
+                self._capacity_message(topic, private_capacity(truth, plan, sample), now,
+                                       immediate=True)
 
     def _job_health(self, placement: Placement, hosts: dict[str, HostState],
                     now: float) -> None:
