@@ -30,6 +30,7 @@ from controller.redaction import Redactor
 from controller.redactionconfig import Mode, RedactionConfig, Unit
 from controller.types import HostState
 from harmonaize.messages import GpuCounts, PoolCapacity
+from sim.poolshares import ScenarioPools, overall, pool_shares
 
 pytestmark = pytest.mark.sim
 
@@ -239,3 +240,21 @@ def test_sized_and_job_unit_releases_come_out_the_same_from_the_same_seed():
         assert _run("a", unit) == _run("a", unit)
         assert _run("a", unit) != _run("b", unit)
     assert len(_run("a", Unit.JOB)) < len(_run("a", Unit.HOST))  # fewer, for 8 hosts at once
+
+
+# --- the per-pool measure the private-pools bench prints ------------------------------------
+
+def test_pool_shares_leave_out_pools_where_full_visibility_gains_too_little():
+    def run(label: str, none: float, full: float, mine: float) -> ScenarioPools:
+        pools = {"none": {"a": (200, none), "b": (200, 5.0), "c": (50, 9.0)},
+                 "full": {"a": (200, full), "b": (200, 5.1), "c": (50, 1.0)},
+                 "x": {"a": (200, mine), "b": (200, 4.0), "c": (50, 1.0)}}
+        return ScenarioPools(label, {"a": 32, "b": 800, "c": 8},
+                             {"none": none, "full": full, "x": mine}, pools)
+
+    runs = [run("1", 10.0, 6.0, 8.0), run("2", 10.0, 6.0, 7.0), run("3", 10.0, 9.9, 12.0)]
+    a, b = pool_shares(runs, "x", margin_h=0.25)  # c: too few jobs
+    assert (a.pool, a.gpus, a.defined, a.scenarios) == ("a", 32, 2, 3)
+    assert a.median == pytest.approx(0.625)  # 50% and 75%; 3's gap of 0.1 h is left out
+    assert b.median is None and b.defined == 0  # full visibility worse than none there
+    assert overall(runs, "x", 0.25) == (pytest.approx(0.625), pytest.approx(0.5), 2)
