@@ -47,7 +47,13 @@ from controller.jobredaction import (
     rebuilt_advisory,
     rebuilt_notice,
 )
-from controller.poolredaction import private_capacity, shaped_capacities, trend, true_counts
+from controller.poolredaction import (
+    aged,
+    private_capacity,
+    shaped_capacities,
+    trend,
+    true_counts,
+)
 from controller.privacy import (
     Ledger,
     Plan,
@@ -104,6 +110,10 @@ class Redactor:
     _hosts: list[HostState] = field(default_factory=list)
     #: Private mode: each pool topic's plan and next release (controller/releaseschedule.py).
     schedules: Schedules = field(default_factory=Schedules)
+    #: Private mode, ``stale_after``: each pool's latest release (when, what) and when it
+    #: is next published again, widened for its age.
+    _released: dict[str, tuple[float, PoolCapacity]] = field(default_factory=dict)
+    _refresh_at: dict[str, float] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
     #: Hosts left out of capacity at the last observation, by the (pool, class) their
@@ -217,6 +227,8 @@ class Redactor:
                 self._topics.pop(topic, None)
                 self._trend.pop(topic, None)
                 self.schedules.forget(topic)
+                self._released.pop(topic, None)
+                self._refresh_at.pop(topic, None)
         return sorted(gone)
 
     def restore_inventory(self, hosts: Iterable[HostState]) -> None:
@@ -251,6 +263,7 @@ class Redactor:
         out, self._out = self._out, []
         if self.cfg.mode is Mode.PRIVATE:
             self._private_releases(now)
+            self._private_refresh(now)
         for topic, state in self._topics.items():
             if state.pending is not None and state.pending_at <= now:
                 state.current, state.pending = state.pending, None
@@ -262,6 +275,8 @@ class Redactor:
         times = [s.pending_at for s in self._topics.values() if s.pending is not None]
         if self.cfg.mode is Mode.PRIVATE:
             times += self.schedules.times()
+            if self.cfg.stale_after > 0:
+                times += self._refresh_at.values()
         return min(times, default=None)
 
     def plan(self, topic: str | None = None) -> Plan:
@@ -366,8 +381,26 @@ class Redactor:
                 topic, now, release_epsilon(plan), plan.epsilon_per_day)
             self.schedules.released(topic, now, charged=charged)
             if charged and truth is not None:
-                self._capacity_message(topic, private_capacity(truth, plan, sample), now,
-                                       immediate=True)
+                body = private_capacity(truth, plan, sample)
+                self._released[topic] = (now, body)
+                self._refresh_at[topic] = now + self.cfg.release_interval
+                self._capacity_message(topic, body, now, immediate=True)
+
+    def _private_refresh(self, now: float) -> None:
+        """``stale_after``: publish each pool's latest release again, widened for its age,
+        every ``release_interval`` until the next release (timing and content from what
+        was released, the inventory and the clock: no ε)."""
+        stale = self.cfg.stale_after
+        if stale <= 0:
+            return
+        for topic, at in list(self._refresh_at.items()):
+            if at > now or topic not in self._released:
+                continue
+            self._refresh_at[topic] = now + self.cfg.release_interval
+            when, body = self._released[topic]
+            gpus = self.schedules.inventory.get(topic, 0) * self.cfg.host_gpus
+            self._capacity_message(topic, aged(body, gpus, now - when, stale), now,
+                                   immediate=True)
 
     def _job_health(self, placement: Placement, hosts: dict[str, HostState],
                     now: float) -> None:

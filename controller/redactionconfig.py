@@ -64,6 +64,11 @@ class RedactionConfig:
     #: Private mode: the longest time between two releases of one pool under
     #: ``noise_share`` (never shorter than ``release_interval``).
     max_release_interval: Annotated[float, Num(1.0, 86400.0)] = 21600.0
+    #: Private mode: between two releases of a pool, the latest is published again every
+    #: ``release_interval`` with its GPU range widened in proportion to its age, by all
+    #: the pool's GPUs at this age (seconds): an old count is read with less trust.
+    #: Post-processing (no ε). 0: a release stands unchanged until the next.
+    stale_after: Annotated[float, Num(0.0, 10 * 86400.0)] = 0.0
     #: Private mode: whose day ε protects: ``host`` (one host over any 24 hours) or
     #: ``job`` (any ``job_hosts`` hosts together, e.g. the hosts of one job: the noise
     #: is scaled for all of them changing at once, so a day of such a job is ε-DP).

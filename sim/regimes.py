@@ -69,7 +69,8 @@ def full() -> Regime:
 
 def redacted(epsilon_per_day: float | None = None, release_interval: float | None = None, *,
              gpu_share: float | None = None, noise_share: float | None = None,
-             unit: Unit | None = None, job_hosts: int | None = None, knob: str = "",
+             unit: Unit | None = None, job_hosts: int | None = None,
+             stale_after: float | None = None, knob: str = "",
              value: float = 0.0, name: str = "redacted") -> Regime:
     """The product's feed: private mode, by default exactly the controller's defaults."""
     d = _DEFAULT
@@ -80,7 +81,8 @@ def redacted(epsilon_per_day: float | None = None, release_interval: float | Non
         gpu_share=d.gpu_share if gpu_share is None else gpu_share,
         noise_share=d.noise_share if noise_share is None else noise_share,
         unit=d.unit if unit is None else unit,
-        job_hosts=d.job_hosts if job_hosts is None else job_hosts)
+        job_hosts=d.job_hosts if job_hosts is None else job_hosts,
+        stale_after=d.stale_after if stale_after is None else stale_after)
     return Regime(name, cfg, knob, value)
 
 

@@ -29,7 +29,7 @@ from controller.privacy import (
 from controller.redaction import Redactor
 from controller.redactionconfig import Mode, RedactionConfig, Unit
 from controller.types import HostState
-from harmonaize.messages import GpuCounts, PoolCapacity
+from harmonaize.messages import Bucket, GpuCounts, PoolCapacity
 from sim.poolshares import ScenarioPools, overall, pool_shares
 
 pytestmark = pytest.mark.sim
@@ -258,3 +258,23 @@ def test_pool_shares_leave_out_pools_where_full_visibility_gains_too_little():
     assert a.median == pytest.approx(0.625)  # 50% and 75%; 3's gap of 0.1 h is left out
     assert b.median is None and b.defined == 0  # full visibility worse than none there
     assert overall(runs, "x", 0.25) == (pytest.approx(0.625), pytest.approx(0.5), 2)
+
+
+def test_an_aging_release_is_published_again_wider_and_costs_nothing():
+    cfg = private(stale_after=7200.0)  # a 4-host pool: released every 2 h, scale 8
+    red = Redactor(cfg, sampler=lambda value, scale: value)  # no noise: see the widening
+    hs = pool(4, in_use=3)  # 20 free of 32
+    seen = {}
+    for k in range(1, 18):
+        now = 900.0 * k
+        red.observe(hs, now)
+        seen.update((p.at, p.body.gpus_available) for p in red.due(now)
+                    if isinstance(p.body, PoolCapacity))
+    m = margin(8.0)
+    assert seen[8100.0] == Bucket(max(0, 20 - m), 20 + m)  # first seen at 900, + 2 h
+    # 15 minutes on, wider by 32 GPUs x 900/7200; the next release narrows it again.
+    assert seen[9000.0] == Bucket(max(0, 20 - m - 4), 20 + m + 4)
+    assert seen[9900.0] == Bucket(max(0, 20 - m - 8), 20 + m + 8)
+    assert seen[15300.0] == Bucket(max(0, 20 - m), 20 + m)
+    assert len(red.ledger.history("pool/p/H200")) == 2  # two releases charged, no more
+    assert red.next_due() == 16200.0
