@@ -116,7 +116,7 @@ def main() -> int:
     for i, row in enumerate(table[names[0]]):
         cells = [table[n][i] for n in names]
         print(f"  {row.pool:<8} {row.gpus:>5}  " + "  ".join(
-            f"{_pct(c.median):>14} ({c.defined:>2}/{c.scenarios:<2})" for c in cells))
+            f"{_pct(c.median) + f' ({c.defined}/{c.scenarios})':>20}" for c in cells))
     print("  whole cluster, median / worst (scenarios):")
     for name in names:
         median, worst, n = overall(scenarios, name, args.margin_h)
