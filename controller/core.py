@@ -100,6 +100,8 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
         self.cluster.restore(list(restored.hosts), now)
         self.redactor = Redactor(cfg.redaction, rng or random.Random())
         self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
+        # Each pool's private release plan goes on from the hosts the store kept.
+        self.redactor.restore_inventory(self.cluster.views())
         #: (pool, class) names agents reported that are not declared, each logged once.
         self._held_back_told: set[tuple[str, str]] = set()
         for topic, (_, frame, _) in restored.latest.items():

@@ -5,7 +5,9 @@ its trend. Pure functions; controller/redaction.py schedules what they build.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from controller.privacy import Plan, Sampler, margin
 from controller.redactionconfig import Mode, RedactionConfig, bucket, exact, pool_topic
@@ -85,3 +87,17 @@ def private_capacity(truth: Truth, plan: Plan, sample: Sampler) -> PoolCapacity:
 def around(noisy: int, scale: float) -> Bucket:
     m = margin(scale)
     return Bucket(max(0, noisy - m), max(0, noisy + m))
+
+
+def aged(body: PoolCapacity, gpus: int, age: float, stale_after: float) -> PoolCapacity:
+    """A release's GPU range ``age`` seconds on, widened by up to the pool's ``gpus`` as it
+    ages (all of them at ``stale_after``): a tenant that reads the lower edge trusts an
+    old count less. A function of what was released, the pool's inventory and the clock
+    only: post-processing, no ε. It makes no claim about the count now; it widens the
+    claim about the count then."""
+    extra = math.ceil(gpus * min(1.0, age / stale_after)) if stale_after > 0 else 0
+    if extra <= 0:
+        return body
+    a = body.gpus_available
+    wider = Bucket(max(0, a.lo - extra), None if a.hi is None else a.hi + extra)
+    return replace(body, gpus_available=wider)

@@ -1,35 +1,36 @@
-"""Differentially private pool capacity: the release plan, its accountant and its noise.
+"""Differentially private pool capacity: the release plans, their accountant and noise.
 
-What is protected, and how (the operator guide and ``docs/privacy-utility.md`` say what
-it means in practice):
+What is protected, and how (docs/privacy-utility.md proves it; the operator guide says
+what it means in practice):
 
-* **The unit is one host over any 24 hours.** Two histories of a pool are neighbours when
-  they differ only in what one host did: whether it was up, down or drained, and how
-  many of its GPUs were in use, at any times within a day. A host contributes at most
-  ``host_gpus`` GPUs to a pool's count (more are clamped), so one host moves the free-GPU
-  count by at most ``host_gpus`` and each host count by at most 1 at any instant.
-* **One noisy release per pool every ``release_interval`` seconds, on a schedule that
-  does not depend on the data.** Each release adds discrete Laplace noise (OpenDP's
-  ``make_laplace`` on integers, sampled from the operating system's secure generator)
-  to the free GPUs, hosts up and hosts down, with scales chosen so that the release is
-  ``epsilon_per_release``-DP for the unit above: ``host_gpus / gpu_scale + 1 / host_scale
-  + 1 / host_scale``, each term OpenDP's own privacy map. Every tenant sees the same
-  release (it is one message on one topic), so tenants who pool what they received hold
-  one sample of the noise, not several.
+* **The unit is one host over any 24 hours** (``unit = "job"``: any ``job_hosts`` hosts
+  together). Two histories of a pool are neighbours when they differ only in what that
+  host (those hosts) did within one window of 24 hours: up, down or drained, and how
+  many of its GPUs were in use, at any times in it. Which hosts a pool has (its
+  inventory) is the same in both. A host contributes at most ``host_gpus`` GPUs to a
+  pool's count (more are clamped), so at any instant the unit moves the free-GPU count by
+  at most ``host_gpus * group`` and each host count by at most ``group`` (1 for a host).
+* **A pool is released R times a day, on a schedule that does not depend on the data.**
+  Each release adds discrete Laplace noise (OpenDP's ``make_laplace`` on integers,
+  sampled from the operating system's secure generator) with a scale that makes it
+  ``epsilon_per_day / R``-DP by OpenDP's own privacy map. ``R`` (:func:`sized_plan`)
+  is the most releases a day (at most one every ``release_interval``) that keep the
+  GPU noise's scale within ``noise_share`` of the pool's GPUs, and at least one every
+  ``max_release_interval``: a small pool gets fewer, more precise releases for the same
+  day's ε. ``R`` follows the configuration and the inventory only, so when releases
+  happen says nothing about what any host did. Every tenant sees the same release (one
+  message on one topic).
 * **The accountant is sequential composition of pure-DP releases over a sliding day.**
-  :class:`Ledger` charges each release to its pool and refuses one that would take the
-  ε spent in the last 24 hours above ``epsilon_per_day``; the plan spaces releases so
-  that it never has to (``floor(86400 / release_interval)`` releases a day at most).
-  Bucketing, clamping at zero and the trend are post-processing and cost nothing.
-* **Across restarts**: a new process releases a pool's first count one full interval
-  after it first sees the pool, so two releases are never closer than the interval
-  whatever happened in between, and no day holds more than the plan's releases without
-  a stored ledger.
+  :class:`Ledger` charges each release its ε and refuses one that would take the ε spent
+  in the last 24 hours above ``epsilon_per_day``. The schedule
+  (controller/releaseschedule.py) spaces releases so that it never has to, across a
+  change of plan and across restarts. Ranges, clamping at zero, the trend and leaving
+  out a repeated range are post-processing and cost nothing.
 
 What it does not protect: the aggregate itself. Free GPUs are capacity minus everyone's
 load; a feed that tells a tenant how much room a pool has tells it, within the noise,
-how loaded the pool is. ε bounds what the feed reveals about any one host, not about the
-pool as a whole.
+how loaded the pool is. ε bounds what the feed reveals about any one host (or job of up
+to ``job_hosts`` hosts), not about the pool as a whole.
 """
 
 from __future__ import annotations
@@ -49,12 +50,17 @@ Sampler = Callable[[int, float], int]
 
 @dataclass(frozen=True)
 class Plan:
-    """A pool's release plan, derived from the redaction's configuration."""
+    """A pool's release plan, derived from the redaction's configuration (and, with
+    ``noise_share``, from how many hosts the pool has: :func:`sized_plan`)."""
 
     epsilon_per_day: float
     release_interval: float
     host_gpus: int
     gpu_share: float
+    #: Hosts per protected unit: 1 for one host, ``job_hosts`` under ``unit = "job"``
+    #: (group privacy: the unit's hosts may all change at once, so every sensitivity is
+    #: this many times a host's).
+    group: int = 1
 
     @property
     def releases_per_day(self) -> int:
@@ -65,15 +71,44 @@ class Plan:
         return self.epsilon_per_day / self.releases_per_day
 
     @property
+    def gpu_sensitivity(self) -> int:
+        """The most one protected unit moves the free-GPU count by at one release."""
+        return self.host_gpus * self.group
+
+    @property
     def gpu_scale(self) -> float:
         """Noise scale (GPUs) on the free-GPU count."""
-        return self.host_gpus / (self.gpu_share * self.epsilon_per_release)
+        return self.gpu_sensitivity / (self.gpu_share * self.epsilon_per_release)
 
     @property
     def host_scale(self) -> float | None:
         """Noise scale (hosts) on each host count; None: host counts are not released."""
         rest = (1.0 - self.gpu_share) * self.epsilon_per_release
-        return None if rest <= 1e-12 else 2.0 / rest
+        return None if rest <= 1e-12 else 2.0 * self.group / rest
+
+
+def sized_plan(*, epsilon_per_day: float, fastest: float, slowest: float, host_gpus: int,
+               gpu_share: float, noise_share: float, group: int, hosts: int) -> Plan:
+    """A pool's plan: as many releases a day as keep the GPU noise's scale within
+    ``noise_share`` of the pool's GPUs (``hosts * host_gpus``), at most one every
+    ``fastest`` seconds and at least one every ``slowest``.
+
+    A day's budget is the same whatever the number of releases: ``R`` releases a day
+    each cost ``epsilon_per_day / R`` and carry noise of scale
+    ``sensitivity * R / (gpu_share * epsilon_per_day)``. Noise of a fixed number of GPUs
+    is negligible in a pool of 1,000 GPUs and drowns one of 32, so a small pool is
+    released less often and more precisely. ``hosts`` is the pool's inventory (every
+    host it has had, up or down), which the neighbouring relation leaves unchanged: the
+    plan, and so when releases happen, says nothing about what any host did.
+    ``noise_share`` 0: every pool at ``fastest`` (the plan before pools were sized).
+    """
+    most = max(1, math.floor(DAY / fastest + 1e-9))
+    fewest = min(most, max(1, math.ceil(DAY / max(slowest, fastest) - 1e-9)))
+    per_day = most
+    if noise_share > 0 and hosts > 0:
+        fits = math.floor(epsilon_per_day * gpu_share * noise_share * hosts / group + 1e-9)
+        per_day = min(most, max(fewest, fits))
+    return Plan(epsilon_per_day, DAY / per_day, host_gpus, gpu_share, group)
 
 
 #: Each private count goes out as the range that holds the true count with this
@@ -94,9 +129,9 @@ def margin(scale: float, confidence: float = CONFIDENCE) -> int:
 @functools.lru_cache(maxsize=64)
 def release_epsilon(plan: Plan) -> float:
     """ε of one release for one host's change, from OpenDP's privacy maps (composed)."""
-    eps = _laplace(plan.gpu_scale).map(plan.host_gpus)
+    eps = _laplace(plan.gpu_scale).map(plan.gpu_sensitivity)
     if plan.host_scale is not None:
-        eps += 2 * _laplace(plan.host_scale).map(1)
+        eps += 2 * _laplace(plan.host_scale).map(plan.group)
     return float(eps)
 
 

@@ -10,9 +10,10 @@ earliest time it may go out.
 Rules, each with a documented default in :class:`RedactionConfig`:
 
 * Pool capacity, in the default ``private`` mode, is released under differential
-  privacy (:mod:`controller.privacy`): one noisy estimate per pool every
-  ``release_interval`` seconds on a fixed schedule, within a budget of
-  ``epsilon_per_day`` per pool over any 24 hours, for pools of any size.
+  privacy (:mod:`controller.privacy`): one noisy estimate per pool on a fixed schedule
+  (every ``release_interval`` seconds, less often for a pool too small for that noise:
+  ``noise_share``), within a budget of ``epsilon_per_day`` per pool over any 24
+  hours, for pools of any size.
 * Pool capacity in ``redacted`` mode (the rule before, kept for comparison) is
   published only when it covers at least ``min_hosts`` hosts, with counts as coarse
   buckets, a trend that is the direction of the last bucket move, and no faster than
@@ -46,16 +47,31 @@ from controller.jobredaction import (
     rebuilt_advisory,
     rebuilt_notice,
 )
-from controller.poolredaction import private_capacity, shaped_capacities, trend, true_counts
-from controller.privacy import Ledger, Plan, Sampler, opendp_sampler, release_epsilon
+from controller.poolredaction import (
+    aged,
+    private_capacity,
+    shaped_capacities,
+    trend,
+    true_counts,
+)
+from controller.privacy import (
+    Ledger,
+    Plan,
+    Sampler,
+    opendp_sampler,
+    release_epsilon,
+    sized_plan,
+)
 from controller.redactionconfig import (
     Mode,
     PoolNames,
     PoolPrivacy,
     RedactionConfig,
+    Unit,
     job_topic,
     pool_topic,
 )
+from controller.releaseschedule import Schedules
 from controller.types import HostState, Placement, Publication
 from harmonaize.messages import (
     JobAdvisory,
@@ -88,12 +104,16 @@ class Redactor:
     #: Each multi-host job's tuning as the controller's agreement sees it.
     _tuning: dict[str, tuple[str, TuningStatus]] = field(default_factory=dict)
     #: Private mode: the noise (None: OpenDP's secure sampler), the accountant, the
-    #: latest hosts, the pools seen and when each pool topic's next release is planned.
+    #: latest hosts, and when each pool topic's next release is planned under which plan.
     sampler: Sampler | None = None
     ledger: Ledger = field(default_factory=Ledger)
     _hosts: list[HostState] = field(default_factory=list)
-    _pools: set[tuple[str, str]] = field(default_factory=set)
-    _next_release: dict[str, float] = field(default_factory=dict)
+    #: Private mode: each pool topic's plan and next release (controller/releaseschedule.py).
+    schedules: Schedules = field(default_factory=Schedules)
+    #: Private mode, ``stale_after``: each pool's latest release (when, what) and when it
+    #: is next published again, widened for its age.
+    _released: dict[str, tuple[float, PoolCapacity]] = field(default_factory=dict)
+    _refresh_at: dict[str, float] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
     #: Hosts left out of capacity at the last observation, by the (pool, class) their
@@ -200,15 +220,28 @@ class Redactor:
         if self.names is None:
             return []
         gone = []
-        for topic in [t for t in set(self._topics) | set(self._next_release)
+        for topic in [t for t in set(self._topics) | set(self.schedules.topics())
                       if t.startswith("pool/")]:
             if not self.names.declares(topic):
                 gone.append(topic)
                 self._topics.pop(topic, None)
                 self._trend.pop(topic, None)
-                self._next_release.pop(topic, None)
-        self._pools = {key for key in self._pools if self.names.own(*key) is not None}
+                self.schedules.forget(topic)
+                self._released.pop(topic, None)
+                self._refresh_at.pop(topic, None)
         return sorted(gone)
+
+    def restore_inventory(self, hosts: Iterable[HostState]) -> None:
+        """The hosts a restart restored, before any is heard from: each pool's first plan
+        is then the one the process before this one last used (controller/
+        releaseschedule.py)."""
+        counts: Counter[str] = Counter()
+        for host in hosts:
+            own = (host.pool, host.gpu_class) if self.names is None else self.names.own(
+                host.pool, host.gpu_class)
+            if own is not None:
+                counts[pool_topic(*own)] += 1
+        self.schedules.restore(counts.items())
 
     def _named(self, hosts: list[HostState]) -> list[HostState]:
         """The hosts whose pool and class are declared, under the declared strings."""
@@ -230,6 +263,7 @@ class Redactor:
         out, self._out = self._out, []
         if self.cfg.mode is Mode.PRIVATE:
             self._private_releases(now)
+            self._private_refresh(now)
         for topic, state in self._topics.items():
             if state.pending is not None and state.pending_at <= now:
                 state.current, state.pending = state.pending, None
@@ -240,25 +274,39 @@ class Redactor:
     def next_due(self) -> float | None:
         times = [s.pending_at for s in self._topics.values() if s.pending is not None]
         if self.cfg.mode is Mode.PRIVATE:
-            times += self._next_release.values()
+            times += self.schedules.times()
+            if self.cfg.stale_after > 0:
+                times += self._refresh_at.values()
         return min(times, default=None)
 
-    def plan(self) -> Plan:
+    def plan(self, topic: str | None = None) -> Plan:
+        """A pool topic's plan in force (None: the plan of a pool large enough for the
+        shortest interval)."""
+        if topic is not None and (plan := self.schedules.plan(topic)) is not None:
+            return plan
+        return self._sized(0)
+
+    def _sized(self, hosts: int) -> Plan:
+        """The plan the configuration gives a pool with this inventory (0: none known)."""
         c = self.cfg
-        return Plan(c.epsilon_per_day, c.release_interval, c.host_gpus, c.gpu_share)
+        return sized_plan(
+            epsilon_per_day=c.epsilon_per_day, fastest=c.release_interval,
+            slowest=c.max_release_interval, host_gpus=c.host_gpus, gpu_share=c.gpu_share,
+            noise_share=c.noise_share, group=c.job_hosts if c.unit is Unit.JOB else 1,
+            hosts=hosts)
 
     def privacy(self, now: float) -> list[PoolPrivacy]:
-        """Each private pool's budget and spending over the last 24 hours."""
-        plan = self.plan()
-        eps = release_epsilon(plan)
+        """Each private pool's plan, budget and spending over the last 24 hours."""
         out = []
-        for topic in sorted(set(self._next_release) | set(self.ledger.topics())):
+        for topic in sorted(set(self.schedules.topics()) | set(self.ledger.topics())):
             _, pool, gpu_class = topic.split("/", 2)
-            nxt = self._next_release.get(topic)
+            plan = self.plan(topic)
+            nxt = self.schedules.next_at(topic)
             out.append(PoolPrivacy(
                 pool, gpu_class, plan.epsilon_per_day, self.ledger.spent(topic, now),
-                self.ledger.releases(topic, now), eps, plan.gpu_scale, plan.host_scale,
-                None if nxt is None else max(0.0, nxt - now)))
+                self.ledger.releases(topic, now), release_epsilon(plan),
+                plan.release_interval, self.schedules.inventory.get(topic, 0),
+                plan.gpu_scale, plan.host_scale, None if nxt is None else max(0.0, nxt - now)))
         return out
 
     def current(self, prefix: str = "") -> list[Publication]:
@@ -310,29 +358,48 @@ class Redactor:
         self._schedule(topic, replace(body, trend=moved), now, immediate=immediate)
 
     def _private_truth(self, hosts: list[HostState], now: float) -> None:
-        """Private mode: keep the hosts for the next planned release (counted only then)."""
+        """Private mode: keep the hosts for the next planned release (counted only then),
+        and each pool's inventory for its plan."""
         self._hosts = hosts
-        for key in {(h.pool, h.gpu_class) for h in hosts} - self._pools:
-            self._pools.add(key)
-            # A pool first seen by this process waits one whole interval: releases are
-            # never closer than that, across restarts too (controller/privacy.py).
-            self._next_release.setdefault(pool_topic(*key), now + self.cfg.release_interval)
+        for (pool, gpu_class), count in Counter((h.pool, h.gpu_class) for h in hosts).items():
+            self.schedules.see(pool_topic(pool, gpu_class), count, now, self._sized)
 
     def _private_releases(self, now: float) -> None:
-        if not any(at <= now for at in self._next_release.values()):
+        due = self.schedules.due(now)
+        if not due:
             return
-        plan = self.plan()
-        eps = release_epsilon(plan)
         sample = self.sampler or opendp_sampler
         counts = true_counts(self.cfg, self._hosts)
-        for topic, at in sorted(self._next_release.items()):
-            if at > now:
+        for topic in due:
+            # A configuration reloaded since: the new plan, with the spacing it needs.
+            self.schedules.check(topic, now, self._sized)
+            state = self.schedules.pools[topic]
+            if state.next_at > now:
                 continue
-            self._next_release[topic] = now + plan.release_interval
-            truth = counts.get(topic)
-            if truth is None or not self.ledger.charge(topic, now, eps, plan.epsilon_per_day):
+            plan, truth = state.plan, counts.get(topic)
+            charged = truth is not None and self.ledger.charge(
+                topic, now, release_epsilon(plan), plan.epsilon_per_day)
+            self.schedules.released(topic, now, charged=charged)
+            if charged and truth is not None:
+                body = private_capacity(truth, plan, sample)
+                self._released[topic] = (now, body)
+                self._refresh_at[topic] = now + self.cfg.release_interval
+                self._capacity_message(topic, body, now, immediate=True)
+
+    def _private_refresh(self, now: float) -> None:
+        """``stale_after``: publish each pool's latest release again, widened for its age,
+        every ``release_interval`` until the next release (timing and content from what
+        was released, the inventory and the clock: no ε)."""
+        stale = self.cfg.stale_after
+        if stale <= 0:
+            return
+        for topic, at in list(self._refresh_at.items()):
+            if at > now or topic not in self._released:
                 continue
-            self._capacity_message(topic, private_capacity(truth, plan, sample), now,
+            self._refresh_at[topic] = now + self.cfg.release_interval
+            when, body = self._released[topic]
+            gpus = self.schedules.inventory.get(topic, 0) * self.cfg.host_gpus
+            self._capacity_message(topic, aged(body, gpus, now - when, stale), now,
                                    immediate=True)
 
     def _job_health(self, placement: Placement, hosts: dict[str, HostState],

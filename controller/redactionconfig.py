@@ -21,6 +21,13 @@ from harmonaize.messages import Bucket
 from harmonaize.schema import Len, Num
 
 
+class Unit(StrEnum):
+    """Whose day private mode's ε protects (controller/privacy.py)."""
+
+    HOST = "host"  # one host over any 24 hours
+    JOB = "job"    # any ``job_hosts`` hosts together (a job spanning them) over 24 hours
+
+
 class Mode(StrEnum):
     PRIVATE = "private"    # the product: differentially private capacity (controller.privacy)
     REDACTED = "redacted"  # coarse buckets, k hosts at least, delay and jitter; no guarantee
@@ -45,8 +52,30 @@ class RedactionConfig:
     #: point whose learned failure attack stayed at chance (upper 95% bound 0.54 over 20
     #: scenarios); at ε 24 the attacker reached 0.57 [0.56, 0.58] over 60.
     epsilon_per_day: Annotated[float, Num(0.01, 10_000.0)] = 12.0
-    #: Private mode: seconds between two noisy releases of one pool (data-independent).
+    #: Private mode: the shortest time between two noisy releases of one pool: the plan
+    #: of every pool large enough for it (data-independent).
     release_interval: Annotated[float, Num(1.0, 86400.0)] = 900.0
+    #: Private mode: a pool is released less often, down to once every
+    #: ``max_release_interval``, until its GPU noise's scale is at most this share of its
+    #: GPUs (hosts it has had x ``host_gpus``): releases of a small pool are fewer and
+    #: more precise, for the same ε per day. 0: every pool every ``release_interval``
+    #: (noise of the same number of GPUs in every pool, 64 at the defaults).
+    noise_share: Annotated[float, Num(0.0, 10.0)] = 0.25
+    #: Private mode: the longest time between two releases of one pool under
+    #: ``noise_share`` (never shorter than ``release_interval``).
+    max_release_interval: Annotated[float, Num(1.0, 86400.0)] = 21600.0
+    #: Private mode: between two releases of a pool, the latest is published again every
+    #: ``release_interval`` with its GPU range widened in proportion to its age, by all
+    #: the pool's GPUs at this age (seconds): an old count is read with less trust.
+    #: Post-processing (no ε). 0: a release stands unchanged until the next.
+    stale_after: Annotated[float, Num(0.0, 10 * 86400.0)] = 0.0
+    #: Private mode: whose day ε protects: ``host`` (one host over any 24 hours) or
+    #: ``job`` (any ``job_hosts`` hosts together, e.g. the hosts of one job: the noise
+    #: is scaled for all of them changing at once, so a day of such a job is ε-DP).
+    unit: Unit = Unit.HOST
+    #: Private mode, ``unit = "job"``: the most hosts of one job whose day is protected
+    #: together (a larger job is protected as ``k·ε`` for ``k`` groups of this size).
+    job_hosts: Annotated[int, Num(1, 100_000)] = 8
     #: Private mode: the most GPUs one host adds to a pool's count (the sensitivity).
     host_gpus: Annotated[int, Num(1, 1024)] = 8
     #: Private mode: the share of each release's ε spent on the free-GPU count; the rest
@@ -100,6 +129,8 @@ class PoolPrivacy:
     spent: float             # ε spent in the last 24 hours
     releases: int            # releases in the last 24 hours
     epsilon_per_release: float
+    release_interval: float  # seconds between two releases under this pool's plan
+    hosts: int               # the pool's inventory the plan is sized for
     gpu_noise_scale: float   # GPUs (discrete Laplace scale)
     host_noise_scale: float | None
     next_release_in: float | None

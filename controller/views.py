@@ -155,12 +155,15 @@ def privacy(core: ControllerCore, now: float) -> dict[str, Any]:
         "pool": p.pool, "gpu_class": p.gpu_class, "budget": p.budget,
         "spent_24h": round(p.spent, 6), "releases_24h": p.releases,
         "epsilon_per_release": round(p.epsilon_per_release, 6),
+        "release_interval": round(p.release_interval, 1), "hosts": p.hosts,
         "gpu_noise_scale": round(p.gpu_noise_scale, 3),
         "host_noise_scale": None if p.host_noise_scale is None else round(p.host_noise_scale, 3),
         "next_release_in": None if p.next_release_in is None else round(p.next_release_in, 1),
     } for p in red.privacy(now)] if cfg.mode is Mode.PRIVATE else []
     return {"mode": str(cfg.mode), "epsilon_per_day": cfg.epsilon_per_day,
-            "release_interval": cfg.release_interval, "host_gpus": cfg.host_gpus,
+            "release_interval": cfg.release_interval,
+            "max_release_interval": cfg.max_release_interval, "noise_share": cfg.noise_share,
+            "unit": str(cfg.unit), "job_hosts": cfg.job_hosts, "host_gpus": cfg.host_gpus,
             "refused": red.ledger.refused, "pools": rows}
 
 

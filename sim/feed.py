@@ -11,7 +11,9 @@ Two things keep this fast without changing what comes out:
   job lives in one pool, so this is the controller's redactor with its work split; each
   gets its own seeded RNG for the release jitter and its own seeded noise (the private
   mode's distribution, from :func:`controller.privacy.seeded_sampler`, so a run comes
-  out the same from its seed; the controller samples with OpenDP).
+  out the same from its seed; the controller samples with OpenDP). Every host of the
+  pool is handed over at every observation, up or down, so each redactor sizes its pool's
+  release plan from the pool's whole inventory, as the controller does.
 * ``Redactor.observe`` recomputes every placement's job health unless told which jobs to
   look at. Only jobs on a host whose health, liveness or links changed can have new
   health, so the bridge passes just those (plus new placements whose first health

@@ -2,7 +2,10 @@
 
 Each regime is just a :class:`RedactionConfig` for the controller's redactor; the
 simulator adds no rules of its own. ``redacted`` is the product's default feed (private
-mode, controller.privacy); :func:`frontier` varies its ε per day and release interval.
+mode, controller.privacy: each pool released as often as its size allows for noise
+within ``noise_share`` of its GPUs); :func:`uniform` is the private feed before pools
+were sized (every pool every ``release_interval``, the same noise in GPUs everywhere);
+:func:`frontier` varies ε per day, the release interval and the unit.
 ``coarse`` is the feed before it (buckets, k, delay), and its sweep varies one knob of
 that at a time:
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from controller.redactionconfig import Mode, RedactionConfig
+from controller.redactionconfig import Mode, RedactionConfig, Unit
 
 if TYPE_CHECKING:
     from sim.energy import Plan
@@ -65,16 +68,35 @@ def full() -> Regime:
 
 
 def redacted(epsilon_per_day: float | None = None, release_interval: float | None = None, *,
-             gpu_share: float | None = None, knob: str = "", value: float = 0.0,
-             name: str = "redacted") -> Regime:
+             gpu_share: float | None = None, noise_share: float | None = None,
+             unit: Unit | None = None, job_hosts: int | None = None,
+             stale_after: float | None = None, knob: str = "",
+             value: float = 0.0, name: str = "redacted") -> Regime:
     """The product's feed: private mode, by default exactly the controller's defaults."""
+    d = _DEFAULT
     cfg = RedactionConfig(
         mode=Mode.PRIVATE,
-        epsilon_per_day=_DEFAULT.epsilon_per_day if epsilon_per_day is None else epsilon_per_day,
-        release_interval=(_DEFAULT.release_interval if release_interval is None
-                          else release_interval),
-        gpu_share=_DEFAULT.gpu_share if gpu_share is None else gpu_share)
+        epsilon_per_day=d.epsilon_per_day if epsilon_per_day is None else epsilon_per_day,
+        release_interval=d.release_interval if release_interval is None else release_interval,
+        gpu_share=d.gpu_share if gpu_share is None else gpu_share,
+        noise_share=d.noise_share if noise_share is None else noise_share,
+        unit=d.unit if unit is None else unit,
+        job_hosts=d.job_hosts if job_hosts is None else job_hosts,
+        stale_after=d.stale_after if stale_after is None else stale_after)
     return Regime(name, cfg, knob, value)
+
+
+def uniform(epsilon_per_day: float | None = None, *, knob: str = "", value: float = 0.0,
+            name: str = "uniform") -> Regime:
+    """The private feed before pools were sized: every pool every ``release_interval``
+    (900 s), so noise of the same number of GPUs (64 at ε 12) in a pool of any size."""
+    return redacted(epsilon_per_day, noise_share=0.0, knob=knob, value=value, name=name)
+
+
+def job_unit(job_hosts: int, epsilon_per_day: float | None = None) -> Regime:
+    """The default feed with ε protecting any ``job_hosts`` hosts together (a job's)."""
+    return redacted(epsilon_per_day, unit=Unit.JOB, job_hosts=job_hosts, knob="job_hosts",
+                    value=job_hosts, name=f"job unit, {job_hosts} hosts")
 
 
 def coarse(bucket_scale: int = 1, *, host_scale: float = 1, min_hosts: int | None = None,
@@ -109,21 +131,26 @@ def coarse_sweep() -> list[Regime]:
     return points
 
 
-#: The private frontier: ε per pool per day with hourly releases, then the release
-#: interval at the default ε (the default's 900 s among them).
-EPSILONS = (3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 192.0)
-EPSILON_SWEEP_INTERVAL = 3600.0
-INTERVALS = (900.0, 1800.0, 7200.0)
+#: The private frontier: ε per pool per day (ε ≤ 3 among them) at the default plan
+#: (pools sized, 900 s at most), then the shortest interval at the default ε, the plan
+#: before pools were sized at two ε for comparison, and the job unit at the default ε.
+EPSILONS = (1.0, 2.0, 3.0, 6.0, 12.0, 24.0, 48.0)
+EPSILON_SWEEP_INTERVAL = _DEFAULT.release_interval
+INTERVALS = (1800.0, 3600.0)
+UNIFORM_EPSILONS = (3.0, 12.0)
+JOB_HOSTS = (8,)
 
 
 def frontier() -> list[Regime]:
-    """Private mode over ε per day (hourly releases) and over the interval (default ε)."""
-    points = [redacted(epsilon_per_day=e, release_interval=EPSILON_SWEEP_INTERVAL,
-                       knob="epsilon", value=e, name=f"eps {e:g}/day")
+    """Private mode over ε per day, the shortest interval, the plan and the unit."""
+    points = [redacted(epsilon_per_day=e, knob="epsilon", value=e, name=f"eps {e:g}/day")
               for e in EPSILONS]
     points += [redacted(release_interval=i, knob="interval", value=i,
-                        name=f"every {i:g}s")
+                        name=f"every {i:g}s or less often")
                for i in INTERVALS if i != EPSILON_SWEEP_INTERVAL]
+    points += [uniform(e, knob="uniform", value=e, name=f"uniform eps {e:g}/day")
+               for e in UNIFORM_EPSILONS]
+    points += [job_unit(k) for k in JOB_HOSTS]
     return points
 
 

@@ -124,21 +124,34 @@ def render_pools(rows: list[dict[str, Any]]) -> str:
     ])
 
 
+def _unit(result: dict[str, Any]) -> str:
+    """Whose day ε protects, as the controller reports it (older ones: a host's)."""
+    if result.get("unit") == "job":
+        return f"a job of up to {result.get('job_hosts')} hosts, any 24 hours"
+    return "one host, any 24 hours"
+
+
 def render_privacy(result: dict[str, Any]) -> str:
     head = fields([("mode", result["mode"]),
                    ("epsilon per pool per day", result["epsilon_per_day"]),
+                   ("unit", _unit(result)),
                    ("release interval s", result["release_interval"]),
+                   ("longest interval s (small pools)", result.get("max_release_interval",
+                                                                  result["release_interval"])),
+                   ("noise at most, share of a pool's GPUs", result.get("noise_share", 0)),
                    ("GPUs per host (sensitivity)", result["host_gpus"]),
                    ("releases refused (budget spent)", result["refused"])])
     if result["mode"] != "private":
         return head + "\nno differential privacy in this mode: nothing is spent"
-    rows = [{**r, "host_noise_scale": "-" if r["host_noise_scale"] is None
+    rows = [{"hosts": "-", "release_interval": result["release_interval"], **r,
+             "host_noise_scale": "-" if r["host_noise_scale"] is None
              else r["host_noise_scale"], "next_release_in": "-" if r["next_release_in"] is None
              else r["next_release_in"]} for r in result["pools"]]
     return head + "\n\n" + table(rows, [
         ("pool", "POOL"), ("gpu_class", "CLASS"), ("spent_24h", "SPENT 24H"),
-        ("budget", "BUDGET"), ("releases_24h", "RELEASES 24H"),
-        ("epsilon_per_release", "EPS/RELEASE"), ("gpu_noise_scale", "GPU NOISE"),
+        ("budget", "BUDGET"), ("releases_24h", "RELEASES 24H"), ("hosts", "HOSTS"),
+        ("release_interval", "EVERY S"), ("epsilon_per_release", "EPS/RELEASE"),
+        ("gpu_noise_scale", "GPU NOISE"),
         ("host_noise_scale", "HOST NOISE"), ("next_release_in", "NEXT IN S"),
     ])
 

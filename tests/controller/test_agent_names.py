@@ -157,7 +157,8 @@ def test_undeclared_pool_topic_kept_from_before_is_neither_republished_nor_given
         pool=HOST_LIKE_POOL, gpu_class="H200", gpus=8, version="t", epoch=1, acked=0,
         heartbeat=3600.0)), 0.0)
     run(core.tick(0.0, WALL))
-    run(core.tick(1000.0, WALL + 1000))  # the private release, after its interval
+    # The private release, after its interval (a one-host pool's plan: every 6 h).
+    run(core.tick(22000.0, WALL + 22000))
     evil = f"pool/{HOST_LIKE_POOL}/H200"
     assert evil in core.feed.latest
     store.close()

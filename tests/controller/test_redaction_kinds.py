@@ -164,19 +164,22 @@ def test_each_private_pools_budget_spending_and_next_release_are_shown() -> None
     cfg = RedactionConfig()
     redactor = Redactor(cfg, sampler=lambda value, scale: value)
     redactor.observe([host("a"), host("b")], 0.0)
-    plan = redactor.plan()
-    assert plan == Plan(cfg.epsilon_per_day, cfg.release_interval, cfg.host_gpus,
-                        cfg.gpu_share)
+    plan = redactor.plan("pool/p/h100")
+    # Two hosts: 12 x 0.25 x 2 = 6 releases a day would fit the noise within a quarter of
+    # their 16 GPUs; max_release_interval (6 h) allows no fewer than 4.
+    assert plan == Plan(cfg.epsilon_per_day, 86400 / 6, cfg.host_gpus, cfg.gpu_share)
+    assert plan.gpu_scale <= cfg.noise_share * 16
+    interval = plan.release_interval
     eps = release_epsilon(plan)
     assert redactor.privacy(100.0) == [PoolPrivacy(
-        "p", "h100", cfg.epsilon_per_day, 0.0, 0, eps, plan.gpu_scale, plan.host_scale,
-        cfg.release_interval - 100.0)]
-    assert redactor.next_due() == cfg.release_interval
-    (release,) = redactor.due(cfg.release_interval)
+        "p", "h100", cfg.epsilon_per_day, 0.0, 0, eps, interval, 2, plan.gpu_scale,
+        plan.host_scale, interval - 100.0)]
+    assert redactor.next_due() == interval
+    (release,) = redactor.due(interval)
     assert release.topic == "pool/p/h100" and release.tenant is None
-    (shown,) = redactor.privacy(cfg.release_interval + 1.0)
+    (shown,) = redactor.privacy(interval + 1.0)
     assert (shown.spent, shown.releases, shown.next_release_in) == pytest.approx(
-        (eps, 1, cfg.release_interval - 1.0))
+        (eps, 1, interval - 1.0))
 
 
 def test_a_restored_condition_goes_on_from_its_revision_and_trend() -> None:

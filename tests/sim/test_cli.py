@@ -101,8 +101,13 @@ def test_sweep_points_vary_one_knob_each():
         assert p.redaction.mode == default.mode
         if p.knob == "epsilon":
             assert p.redaction.release_interval == EPSILON_SWEEP_INTERVAL
+        elif p.knob == "uniform":  # the plan before pools were sized, for comparison
+            assert p.redaction.noise_share == 0.0
+        elif p.knob == "job_hosts":
+            assert p.redaction.unit == "job" and p.redaction.job_hosts == p.value
         else:
             assert p.knob == "interval" and p.redaction.epsilon_per_day == default.epsilon_per_day
+    assert any(p.knob == "epsilon" and p.value <= 3 for p in private)  # the ε ≤ 3 frontier
     assert any(p.redaction == default for p in private)  # the default is on the frontier
     points = coarse_sweep()
     assert len({p.name for p in points}) == len(points)

@@ -175,7 +175,7 @@ def test_the_published_range_holds_the_true_count_nine_times_in_ten():
 
 
 def test_one_host_s_gpus_count_at_most_host_gpus():
-    cfg = private(release_interval=10.0, epsilon_per_day=10**4, host_gpus=8)
+    cfg = private(release_interval=10.0, epsilon_per_day=10**4, host_gpus=8, noise_share=0.0)
     red = Redactor(cfg, sampler=lambda value, scale: value)  # no noise: see the clamp
     big = [HostState("big", "p", "H200", True, gpus=GpuCounts(healthy=64))]
     out = releases(red, [0.0, 10.0], [big, big])
@@ -187,17 +187,28 @@ def test_one_host_s_gpus_count_at_most_host_gpus():
 def test_pools_of_any_size_are_released_under_the_same_guarantee():
     red = Redactor(private(release_interval=60.0), sampler=seeded_sampler("small"))
     hs = hosts(1, [0], pool="tiny") + hosts(2, [1, 1], pool="pair") + hosts(9, [0] * 9)
-    out = releases(red, [0.0, 60.0], [hs, hs])
+    out = releases(red, [0.0], [hs])
+    slowest = max(red.plan(t).release_interval
+                  for t in ("pool/tiny/H200", "pool/pair/H200", "pool/p/H200"))
+    # One host: ε 12 x 0.25 would be 3 releases a day; max_release_interval keeps it at 4.
+    assert slowest == pytest.approx(21600.0)
+    out += releases(red, [60.0, slowest], [hs, hs])
     assert {b.pool for _, b in out} == {"tiny", "pair", "p"}
     assert red.ledger.topics() == ["pool/p/H200", "pool/pair/H200", "pool/tiny/H200"]
 
 
-def test_a_new_process_waits_one_interval_before_its_first_release():
-    red = Redactor(private(release_interval=600.0), sampler=seeded_sampler("wait"))
+def test_a_new_process_waits_one_interval_of_its_pool_s_plan_before_its_first_release():
+    red = Redactor(private(release_interval=600.0, noise_share=0.0),
+                   sampler=seeded_sampler("wait"))
     hs = hosts(3, [0, 0, 0])
     assert releases(red, [1000.0, 1599.0], [hs, hs]) == []
     assert red.next_due() == pytest.approx(1600.0)
     assert len(releases(red, [1600.0], [hs])) == 1
+    sized = Redactor(private(release_interval=600.0), sampler=seeded_sampler("wait"))
+    interval = 86400 / math.floor(12.0 * 0.25 * 3)  # 9 releases a day for 3 hosts
+    assert releases(sized, [1000.0, 1000.0 + interval - 1], [hs, hs]) == []
+    assert sized.next_due() == pytest.approx(1000.0 + interval)
+    assert len(releases(sized, [1000.0 + interval], [hs])) == 1
 
 
 # --- the real controller --------------------------------------------------------------------
@@ -205,9 +216,11 @@ def test_a_new_process_waits_one_interval_before_its_first_release():
 @needs_root
 def test_the_controller_releases_private_capacity_and_harmonctl_shows_the_budget(
         spawn, workdir: Path) -> None:
-    # The product's mode with a short interval (ε per release = 96 * 2 / 86400).
+    # The product's mode with a short interval (ε per release = 96 * 2 / 86400) for every
+    # pool, however small (noise_share 0: this one host's pool would otherwise be released
+    # once an hour, for noise within a quarter of its 8 GPUs).
     controller = start_controller(spawn, workdir, extra=(
-        "[redaction]\nrelease_interval = 2\nepsilon_per_day = 96\n"))
+        "[redaction]\nrelease_interval = 2\nepsilon_per_day = 96\nnoise_share = 0\n"))
     ctx = zmq.Context()
     try:
         agent = FakeAgent(ctx, controller)
@@ -233,10 +246,14 @@ def test_the_controller_releases_private_capacity_and_harmonctl_shows_the_budget
         assert pool["pool"] == "p" and pool["releases_24h"] >= 1
         assert pool["spent_24h"] <= shown["epsilon_per_day"]
         assert pool["epsilon_per_release"] == pytest.approx(96 * 2 / 86400, rel=1e-3)
+        assert pool["hosts"] == 1 and pool["release_interval"] == pytest.approx(2.0)
+        assert shown["unit"] == "host" and shown["noise_share"] == 0
         printed = subprocess.run(
             python("harmonaize.harmonctl", "-C", str(controller.admin), "privacy"),
             capture_output=True, text=True, check=True).stdout
-        assert "SPENT 24H" in printed
+        assert "SPENT 24H" in printed and "EVERY S" in printed
+        assert any(line.startswith("unit:") and line.endswith("one host, any 24 hours")
+                   for line in printed.splitlines())
         assert any(line.startswith("epsilon per pool per day:") and line.split()[-1] == "96"
                    for line in printed.splitlines())
     finally:
