@@ -70,8 +70,10 @@ from controller.redactionconfig import (
     Unit,
     job_topic,
     pool_topic,
+    tenant_of,
 )
-from controller.releaseschedule import Schedules
+from controller.releaseschedule import Schedules, pool_privacy
+from controller.revisions import content_of, with_revision
 from controller.types import HostState, Placement, Publication
 from harmonaize.messages import (
     JobAdvisory,
@@ -268,7 +270,7 @@ class Redactor:
             if state.pending is not None and state.pending_at <= now:
                 state.current, state.pending = state.pending, None
                 state.last_published = now
-                out.append(Publication(topic, state.current, self._tenant_of(topic), now))
+                out.append(Publication(topic, state.current, tenant_of(topic), now))
         return out
 
     def next_due(self) -> float | None:
@@ -297,44 +299,29 @@ class Redactor:
 
     def privacy(self, now: float) -> list[PoolPrivacy]:
         """Each private pool's plan, budget and spending over the last 24 hours."""
-        out = []
-        for topic in sorted(set(self.schedules.topics()) | set(self.ledger.topics())):
-            _, pool, gpu_class = topic.split("/", 2)
-            plan = self.plan(topic)
-            nxt = self.schedules.next_at(topic)
-            out.append(PoolPrivacy(
-                pool, gpu_class, plan.epsilon_per_day, self.ledger.spent(topic, now),
-                self.ledger.releases(topic, now), release_epsilon(plan),
-                plan.release_interval, self.schedules.inventory.get(topic, 0),
-                plan.gpu_scale, plan.host_scale, None if nxt is None else max(0.0, nxt - now)))
-        return out
+        return pool_privacy(self.schedules, self.ledger, self.plan, now)
 
     def current(self, prefix: str = "") -> list[Publication]:
         """The conditions subscribers have been told, for late joiners and republishing."""
         return [
-            Publication(topic, state.current, self._tenant_of(topic), state.last_published)
+            Publication(topic, state.current, tenant_of(topic), state.last_published)
             for topic, state in sorted(self._topics.items())
             if state.current is not None and topic.startswith(prefix)
         ]
-
-    @staticmethod
-    def _tenant_of(topic: str) -> str | None:
-        parts = topic.split("/")
-        return parts[1] if parts[0] == "job" and len(parts) > 2 else None
 
     # --- rules ----------------------------------------------------------------------
 
     def _schedule(self, topic: str, body: Message, now: float, immediate: bool) -> None:
         state = self._topics.setdefault(topic, _Topic())
         if (state.pending is not None and state.current is not None
-                and _content(state.current) == _content(body)):
+                and content_of(state.current) == content_of(body)):
             state.pending = None  # it changed back before anyone was told: nothing to say
             return
         latest = state.pending if state.pending is not None else state.current
-        if latest is not None and _content(latest) == _content(body):
+        if latest is not None and content_of(latest) == content_of(body):
             return  # nothing visible changed
         state.revision += 1
-        body = _with_revision(body, state.revision)
+        body = with_revision(body, state.revision)
         if immediate or self.cfg.mode is Mode.FULL:
             at = now
         elif state.pending is not None:
@@ -409,22 +396,3 @@ class Redactor:
         # The tenant's own members: no other host hides behind this, so no delay.
         self._schedule(job_topic(placement.tenant, placement.job), body, now, immediate=True)
 
-
-def _content(body: Message) -> object:
-    """What subscribers see of a condition, without its revision."""
-    if isinstance(body, PoolCapacity):
-        return (body.hosts_up, body.hosts_down, body.gpus_available)
-    if isinstance(body, JobHealth):
-        return (body.degraded, body.lost, body.congestion, body.tuning_choice, body.tuning,
-                body.energy)
-    return body
-
-
-def _with_revision(body: Message, revision: int) -> Message:
-    if isinstance(body, PoolCapacity):
-        return PoolCapacity(body.pool, body.gpu_class, body.hosts_up, body.hosts_down,
-                            body.gpus_available, body.trend, revision)
-    if isinstance(body, JobHealth):
-        return JobHealth(body.job, body.degraded, body.lost, body.congestion, revision,
-                         body.tuning_choice, body.tuning, body.energy)
-    return body

@@ -156,6 +156,12 @@ def job_topic(tenant: str, job: str) -> str:
     return f"job/{tenant}/{job}/"
 
 
+def tenant_of(topic: str) -> str | None:
+    """The tenant a job topic belongs to (None: a pool topic, for any tenant)."""
+    parts = topic.split("/")
+    return parts[1] if parts[0] == "job" and len(parts) > 2 else None
+
+
 @dataclass(frozen=True)
 class PoolNames:
     """The pool and GPU-class names an operator declared: the only ones a tenant sees,

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from controller.privacy import Plan
+from controller.privacy import Ledger, Plan, release_epsilon
+from controller.redactionconfig import PoolPrivacy
 
 
 @dataclass
@@ -102,3 +103,20 @@ class Schedules:
     def forget(self, topic: str) -> None:
         self.pools.pop(topic, None)
         self.inventory.pop(topic, None)
+
+
+def pool_privacy(schedules: Schedules, ledger: Ledger, plan_of: Callable[[str], Plan],
+                 now: float) -> list[PoolPrivacy]:
+    """Each private pool's plan in force, budget and spending over the last 24 hours
+    (``harmonctl -C privacy``)."""
+    out = []
+    for topic in sorted(set(schedules.topics()) | set(ledger.topics())):
+        _, pool, gpu_class = topic.split("/", 2)
+        plan = plan_of(topic)
+        nxt = schedules.next_at(topic)
+        out.append(PoolPrivacy(
+            pool, gpu_class, plan.epsilon_per_day, ledger.spent(topic, now),
+            ledger.releases(topic, now), release_epsilon(plan), plan.release_interval,
+            schedules.inventory.get(topic, 0), plan.gpu_scale, plan.host_scale,
+            None if nxt is None else max(0.0, nxt - now)))
+    return out
