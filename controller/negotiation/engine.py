@@ -102,6 +102,9 @@ class Engine:
                 out.extend(self._one(item, now))
             except BadInput as bad:
                 out.append(Error(_tenant_of(item), bad.field, bad.message))
+        # what the inputs left due already (a window with no time left to answer) moves
+        # now: the deadline returned is always in the future
+        self._expire(now, out)
         return out, self.next_deadline()
 
     def next_deadline(self) -> float | None:
