@@ -118,6 +118,11 @@ class MaintenanceWindow:
     latest: float
 
 
+def _finite(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def checkpoint_starts(last: float, every: float, after: float, before: float,
                       limit: int = MAX_WINDOWS) -> tuple[float, ...]:
     """Checkpoint instants ``last + k * every`` in ``[after, before]``, the first
@@ -165,9 +170,9 @@ class MaintenanceBook:
             raise BadInput("cause", "one of " + ", ".join(c.value for c in Cause))
         urgency = URGENCY[p.cause]
         latest = p.issued_at + urgency.most_wait
-        if not (math.isfinite(p.pause) and p.pause > 0):
+        if not (_finite(p.pause) and p.pause > 0):
             raise BadInput("pause", "more than 0 seconds")
-        if not (math.isfinite(p.start) and now + urgency.least_notice <= p.start <= latest):
+        if not (_finite(p.start) and now + urgency.least_notice <= p.start <= latest):
             raise BadInput("start", f"must give {urgency.least_notice:.0f} s of notice and "
                            f"start by {latest:.0f} ({p.cause.value})")
         start = p.start
@@ -189,10 +194,10 @@ class MaintenanceBook:
             if item.answer == a:
                 return item.window  # a retry
             raise BadInput("notice_id", f"already settled ({item.state.value})")
+        if not isinstance(a.windows, tuple | list) or not all(_finite(w) for w in a.windows):
+            raise BadInput("windows", "finite times in seconds")
         if len(a.windows) > MAX_WINDOWS:
             raise BadInput("windows", f"at most {MAX_WINDOWS}")
-        if not all(isinstance(w, int | float) and math.isfinite(w) for w in a.windows):
-            raise BadInput("windows", "finite times in seconds")
         notice = URGENCY[item.proposal.cause].least_notice
         fits = sorted(w for w in a.windows if now + notice <= w <= item.window.latest)
         if not a.windows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.negotiation.engine import Engine
+from controller.negotiation.maintenance import Cause, MaintenanceAnswer, MaintenanceProposal
 from controller.negotiation.types import (
     Accept,
     Error,
@@ -113,3 +114,25 @@ def test_one_bad_input_in_a_batch_leaves_the_others_answered() -> None:
     assert [type(o) for o in out] == [Offer, Error, Offer]
     hold = one(engine, Accept("a", "r3", out[2].offer_id))
     assert isinstance(hold, Hold)
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"earliest_start": "soon"}, "earliest_start"),
+    ({"latest_start": None}, "latest_start"),
+    ({"duration": True}, "duration"),
+    ({"min_count": "2"}, "min_count"),
+    ({"flexibility": "whatever"}, "flexibility"),
+    ({"pool": None}, "pool"),
+])
+def test_a_field_of_the_wrong_type_is_named_not_a_traceback(changes: dict,
+                                                            field: str) -> None:
+    base = proposal().__dict__ | changes
+    refused(world(), Propose(Proposal(**base)), field)
+
+
+def test_a_maintenance_counter_that_is_not_times_is_refused() -> None:
+    engine = world()
+    one(engine, MaintenanceProposal("vn-1", "a", "j", Cause.ROUTINE, T0 + 7200, 60.0, T0))
+    for windows in (("x",), (float("inf"),), None):
+        error = one(engine, MaintenanceAnswer("a", "vn-1", windows))  # type: ignore[arg-type]
+        assert isinstance(error, Error) and error.field == "windows"
