@@ -288,7 +288,7 @@ class Engine:
         n.answer = answer
         n.until = now + table.RETAIN
         if n.state is State.STARTED and n.hold is not None:
-            n.until = max(n.until, n.hold.end)
+            n.until = max(now, n.hold.end) + table.RETAIN  # a retry while it runs
         self._bound_retained(n.proposal.tenant, now)
         return answer
 
