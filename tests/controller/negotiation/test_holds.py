@@ -38,6 +38,7 @@ def test_a_started_hold_counts_until_a_release_taken_after_it_shows_the_job() ->
     at = hold.start + 60
     assert one(engine, Started("a", "r1"), at) == Closed("r1", "a", State.STARTED)
     assert engine.records["a"].used == 8 * 3600
+    assert engine.negotiations[("a", "r1")].until == hold.end + table.RETAIN
     assert engine.holds() == []
     # until the feed's next release sees the job, its GPUs stay out of the share
     assert engine.load(POOL, CLASS, at, at + 1, at) == 8
