@@ -40,6 +40,10 @@ ENGINES = (
     "controller.scheduler.engine", "controller.scheduler.table",
     "controller.scheduler.reasons", "controller.scheduler.types",
     "harmonaize.tenant.sequencer",
+    "controller.negotiation.engine", "controller.negotiation.capacity",
+    "controller.negotiation.checks", "controller.negotiation.maintenance",
+    "controller.negotiation.table", "controller.negotiation.types",
+    "controller.negotiation.plain",
 )
 #: Modules that do I/O (or serve it), directly or by what they exist for.
 IO_MODULES = frozenset({
