@@ -74,6 +74,9 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
                                  "members": [{"name": "3", "host": "g1"}]})
     with tenant_feed(controller, ["job/acme/job-42/", "pool/"]) as tenant:
         wait_until(lambda: controller.request("capacity"), what="capacity")
+        # The job's health comes first: the subscription is in place (an advisory sent
+        # before it would reach no one, and the test would wait in vain).
+        assert tenant.recv(timeout=15) is not None, "the tenant's subscription not answered"
         fake.inject_xid(3, 79)
         lost = wait_until(lambda: state_of(agent, 3, "lost"), what="gpu 3 lost")
         assert lost["action"] == "reboot-node" and "xid 79" in lost["why"]
@@ -81,7 +84,7 @@ def test_xid_79_loses_the_gpu_the_node_needs_a_reboot_and_the_job_is_advised(
         assert health["health"] == "unhealthy" and health["action"] == "reboot-node"
         advisory = None
         while advisory is None:
-            message = tenant.recv(timeout=10)
+            message = tenant.recv(timeout=20)
             assert message is not None, "no advisory reached the tenant"
             if isinstance(message.body, JobAdvisory):
                 advisory = message
