@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ AGENTS = "agents"
 TENANTS = "tenants"
 #: Refusals logged per minute; all are counted.
 LOG_BURST = 20
+#: How long a key directory must have been still for its mtime to be trusted (ns).
+SETTLED_NS = 1_000_000_000
 
 
 @dataclass
@@ -61,8 +64,16 @@ class AllowList:
             stamp = (0, 0)
         if stamp == self._stamp:
             return
-        self._stamp = stamp
-        self.keys, problems = keys.allowed_keys(self.directory)
+        # A directory changed within the last second may change again within the same
+        # tick of the file system's clock (a second key filed, a file renamed into place)
+        # without its mtime moving: such a stamp is not trusted, and the next lookup reads
+        # the directory again, until it has been still for a second.
+        settled = time.time_ns() - stamp[0] >= SETTLED_NS
+        self._stamp = stamp if settled else None
+        allowed, problems = keys.allowed_keys(self.directory)
+        if allowed == self.keys and not settled:
+            return  # read again while unsettled, nothing new: nothing to say
+        self.keys = allowed
         for problem in problems:
             log.warning("key allow-list: %s", problem)
         log.info("%s: %d keys allowed", self.directory, len(self.keys))

@@ -115,6 +115,11 @@ class XidAttributor:
         state.exiting = frozenset(exiting)
         if not listed:
             return
+        # A process that ended while NVML still lists it can no longer be resolved: it
+        # keeps the job it had (its teardown's XID is that job's), and only while /proc
+        # shows it ending, so a pid that lives on unresolved is never given a job.
+        pids = {pid: ref if ref is not None or pid not in state.exiting
+                else state.pids.get(pid) for pid, ref in pids.items()}
         for pid, ref in state.pids.items():
             if pid not in pids:
                 state.gone[pid] = (ref, now)

@@ -192,3 +192,26 @@ def test_an_xid_on_a_gpu_never_observed_is_doubt() -> None:
     attributor.report(7, 31, 1.0)
     (result,) = attributor.decide(3.0)
     assert (result.gpu, result.verdict, result.effect) == (7, Verdict.HARDWARE, Effect.SUSPECT)
+
+
+def test_a_process_that_ended_while_still_listed_keeps_its_job_for_its_teardown() -> None:
+    """Killed and reaped before NVML dropped it: /proc can no longer resolve the pid
+    (its job reads None) while it is listed; its teardown's XID is still its job's."""
+    attributor = engine({100: A0, 200: B0})
+    attributor.observe(0, PCI, {100: None, 200: B0}, (100,), 1.0)  # ended, still listed
+    attributor.observe(0, PCI, {200: B0}, (), 2.0)  # then gone from the GPU
+    attributor.report(0, 45, 3.0)
+    (result,) = attributor.decide(5.0)
+    assert (result.verdict, result.job, result.teardown) == (Verdict.APPLICATION, "job-a",
+                                                             True)
+
+
+def test_a_live_pid_that_cannot_be_resolved_inherits_no_job() -> None:
+    """Only a pid /proc shows ending keeps the job it had: one that lives on unresolved
+    (its job's facts unreadable now) is no one's, so its XID stays in doubt."""
+    attributor = engine({100: A0})
+    attributor.observe(0, PCI, {100: None}, (), 1.0)
+    attributor.kernel([line(31, 100)], 2.0)
+    attributor.report(0, 31, 2.0)
+    (result,) = attributor.decide(4.0)
+    assert (result.verdict, result.job) == (Verdict.HARDWARE, None)
