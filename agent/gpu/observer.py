@@ -43,6 +43,8 @@ class GpuObserver(Observer):
         self.kmsg_error = ""
         self._last: GpuSample | None = None
         self._last_versions: tuple[int, ...] = ()
+        #: GPU processes whose job was known at the last sample.
+        self._owned: frozenset[int] = frozenset()
 
     def start(self) -> None:
         try:
@@ -120,9 +122,14 @@ class GpuObserver(Observer):
                                                                               r.rank or "")))
         self.resolver.forget_except(live)
         events = tuple(self.nvml.drain_events())
-        # Whether an XID's process was ending: read only when there is an XID to judge.
+        # Whether an XID's process was ending: read when there is an XID to judge, and
+        # for a process whose job was known and no longer resolves while NVML lists it
+        # (killed before its GPU let go: the attribution keeps its job only if it is
+        # ending). Rare, so the sampling pass does not read /proc for every process.
+        unresolved = {pid for pid in live if pid not in owners and pid in self._owned}
+        self._owned = frozenset(owners) | unresolved  # looked at again while listed
         exiting = self._exiting(live | {x.pid for x in lines if x.pid}) \
-            if events or lines else frozenset()
+            if events or lines else self._exiting(unresolved) if unresolved else frozenset()
         self._last = GpuSample(tuple(snapshots), events, jobs, self.cfg.call_timeout,
                                next(SAMPLES), owners, exiting, lines)
         return self._last

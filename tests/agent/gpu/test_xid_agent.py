@@ -128,3 +128,27 @@ def test_an_application_xid_quarantines_nothing_and_a_hardware_xid_still_does(
                                  if e.get("reason") == "ApplicationXid"] or None,
                         what="the application events at the controller")
     assert any("job-b" in e.get("message", "") for e in events)
+
+
+def test_a_rank_killed_before_its_gpu_let_go_keeps_its_job_for_the_teardown_xid(
+        spawn, workdir: Path) -> None:
+    """The kill wins the race with the GPU's list: the process is gone from /proc while
+    NVML still lists it (its job no longer resolves), then it leaves the list, then the
+    driver's cleanup XID 45 comes: still the job's teardown, not the hardware's."""
+    kmsg = FakeKernelLog(workdir / "kmsg")
+    fake, env = fake_gpus(workdir)
+    c0 = rank(spawn, "job-c", "5")
+    fake.set(5, processes={c0.pid: 1 << 30})
+    agent = start_agent(spawn, workdir, "g1", env=env,
+                        links=NO_LINKS + gpu_section(extra=f'kmsg_path = "{kmsg.path}"\n'
+                                                          "kmsg_wait = 1.0\n"))
+    wait_until(lambda: gpu(agent, 5)["jobs"], what="job-c on gpu 5")
+    c0.send_signal(signal.SIGKILL)
+    c0.wait()  # reaped: /proc no longer has it, NVML still lists it ...
+    fake.set(5, processes={c0.pid: 1 << 29})  # ... and reads anew (its memory moved)
+    wait_until(lambda: not gpu(agent, 5)["jobs"], what="job-c unresolved on gpu 5")
+    fake.set(5, processes=None)
+    fake.inject_xid(5, 45)
+    (teardown,) = wait_until(lambda: xids(agent, 5), what="xid 45 attributed")
+    assert (teardown["verdict"], teardown["job"]) == ("application", "job-c")
+    assert gpu(agent, 5)["state"] == "healthy"
