@@ -132,7 +132,10 @@ def test_replicas_share_agents_and_tenants_see_one_feed(cluster: Clustered) -> N
     assert common >= 50 and job[:common] == other[:common]
     for tenant in tenants:
         check_feed(tenant)
-    status = cluster.replicas["r2"].request("status")
+    # A follower learns the leader from its heartbeats; on a loaded machine one may be
+    # late, and the status says "no leader known" until the next: wait for one.
+    status = wait_for(lambda: (s := cluster.replicas["r2"].request("status"))
+                      ["cluster"]["leader"] and s, what="r2 to know its leader")
     assert status["cluster"]["leader"] == leader
     assert set(status["cluster"]["replicas"]) == {"r1", "r2"}
     hosts = {h["host_id"] for h in cluster.replicas["r2"].request("hosts")}
