@@ -59,8 +59,11 @@ class RedactionConfig:
     #: ``max_release_interval``, until its GPU noise's scale is at most this share of its
     #: GPUs (hosts it has had x ``host_gpus``): releases of a small pool are fewer and
     #: more precise, for the same ε per day. 0: every pool every ``release_interval``
-    #: (noise of the same number of GPUs in every pool, 64 at the defaults).
-    noise_share: Annotated[float, Num(0.0, 10.0)] = 0.25
+    #: (noise of the same number of GPUs in every pool, 64 at the defaults). The default
+    #: is read off the frontier on two traces (docs/privacy-utility.md): tenants that
+    #: read a range's lower edge gain more from a precise count hours old than from a
+    #: fresh one with wide noise.
+    noise_share: Annotated[float, Num(0.0, 10.0)] = 0.05
     #: Private mode: the longest time between two releases of one pool under
     #: ``noise_share`` (never shorter than ``release_interval``).
     max_release_interval: Annotated[float, Num(1.0, 86400.0)] = 21600.0

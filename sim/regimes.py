@@ -5,7 +5,7 @@ simulator adds no rules of its own. ``redacted`` is the product's default feed (
 mode, controller.privacy: each pool released as often as its size allows for noise
 within ``noise_share`` of its GPUs); :func:`uniform` is the private feed before pools
 were sized (every pool every ``release_interval``, the same noise in GPUs everywhere);
-:func:`frontier` varies ε per day, the release interval and the unit.
+:func:`frontier` varies ε per day, the release interval, ``noise_share`` and the unit.
 ``coarse`` is the feed before it (buckets, k, delay), and its sweep varies one knob of
 that at a time:
 
@@ -139,6 +139,8 @@ EPSILON_SWEEP_INTERVAL = _DEFAULT.release_interval
 INTERVALS = (1800.0, 3600.0)
 UNIFORM_EPSILONS = (3.0, 12.0)
 JOB_HOSTS = (8,)
+#: ``noise_share`` at the default ε: how precise (and so how rare) a small pool's releases.
+NOISE_SHARES = (0.025, 0.1, 0.25)
 
 
 def frontier() -> list[Regime]:
@@ -150,6 +152,9 @@ def frontier() -> list[Regime]:
                for i in INTERVALS if i != EPSILON_SWEEP_INTERVAL]
     points += [uniform(e, knob="uniform", value=e, name=f"uniform eps {e:g}/day")
                for e in UNIFORM_EPSILONS]
+    points += [redacted(noise_share=n, knob="noise_share", value=n,
+                        name=f"noise share {n:g}")
+               for n in NOISE_SHARES if n != _DEFAULT.noise_share]
     points += [job_unit(k) for k in JOB_HOSTS]
     return points
 

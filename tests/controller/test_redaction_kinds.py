@@ -165,10 +165,11 @@ def test_each_private_pools_budget_spending_and_next_release_are_shown() -> None
     redactor = Redactor(cfg, sampler=lambda value, scale: value)
     redactor.observe([host("a"), host("b")], 0.0)
     plan = redactor.plan("pool/p/h100")
-    # Two hosts: 12 x 0.25 x 2 = 6 releases a day would fit the noise within a quarter of
-    # their 16 GPUs; max_release_interval (6 h) allows no fewer than 4.
-    assert plan == Plan(cfg.epsilon_per_day, 86400 / 6, cfg.host_gpus, cfg.gpu_share)
-    assert plan.gpu_scale <= cfg.noise_share * 16
+    # Two hosts: 12 x 0.05 x 2 = 1.2 releases a day would fit the noise within a
+    # twentieth of their 16 GPUs; max_release_interval (6 h) allows no fewer than 4.
+    assert plan == Plan(cfg.epsilon_per_day, 86400 / 4, cfg.host_gpus, cfg.gpu_share)
+    # The cap wins over the noise target: 4 releases of 12/4 each, scale 8 x 4 / 12 GPUs.
+    assert plan.gpu_scale == cfg.host_gpus * 4 / cfg.epsilon_per_day > cfg.noise_share * 16
     interval = plan.release_interval
     eps = release_epsilon(plan)
     assert redactor.privacy(100.0) == [PoolPrivacy(

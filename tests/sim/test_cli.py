@@ -103,6 +103,8 @@ def test_sweep_points_vary_one_knob_each():
             assert p.redaction.release_interval == EPSILON_SWEEP_INTERVAL
         elif p.knob == "uniform":  # the plan before pools were sized, for comparison
             assert p.redaction.noise_share == 0.0
+        elif p.knob == "noise_share":
+            assert p.redaction.noise_share == p.value != default.noise_share
         elif p.knob == "job_hosts":
             assert p.redaction.unit == "job" and p.redaction.job_hosts == p.value
         else:

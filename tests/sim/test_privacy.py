@@ -112,7 +112,7 @@ def test_the_plan_spends_exactly_its_budget_per_day_and_the_ledger_refuses_more(
 
 
 def test_a_day_of_releases_spends_the_day_s_budget_and_no_more():
-    cfg = private(epsilon_per_day=12.0, release_interval=7200.0)
+    cfg = private(epsilon_per_day=12.0, release_interval=7200.0, noise_share=0.25)
     red = Redactor(cfg, sampler=seeded_sampler("day"))
     times = [float(t) for t in range(0, 3 * 86400, 300)]
     out = releases(red, times, [hosts(5, [i % 9] * 5) for i in range(len(times))])
@@ -160,7 +160,8 @@ def test_the_seeded_sampler_draws_opendp_s_distribution():
 
 
 def test_the_published_range_holds_the_true_count_nine_times_in_ten():
-    cfg = private(release_interval=60.0, epsilon_per_day=1440.0)  # ε 1 per release
+    cfg = private(release_interval=60.0, epsilon_per_day=1440.0,  # ε 1 per release
+                  noise_share=0.25)
     red = Redactor(cfg, sampler=seeded_sampler("coverage"))
     truth = 5 * 8 - 13
     times = [60.0 * i for i in range(1, 2001)]
@@ -190,7 +191,7 @@ def test_pools_of_any_size_are_released_under_the_same_guarantee():
     out = releases(red, [0.0], [hs])
     slowest = max(red.plan(t).release_interval
                   for t in ("pool/tiny/H200", "pool/pair/H200", "pool/p/H200"))
-    # One host: ε 12 x 0.25 would be 3 releases a day; max_release_interval keeps it at 4.
+    # One host: ε 12 x 0.05 would be 0.6 releases a day; max_release_interval keeps it at 4.
     assert slowest == pytest.approx(21600.0)
     out += releases(red, [60.0, slowest], [hs, hs])
     assert {b.pool for _, b in out} == {"tiny", "pair", "p"}
@@ -204,7 +205,8 @@ def test_a_new_process_waits_one_interval_of_its_pool_s_plan_before_its_first_re
     assert releases(red, [1000.0, 1599.0], [hs, hs]) == []
     assert red.next_due() == pytest.approx(1600.0)
     assert len(releases(red, [1600.0], [hs])) == 1
-    sized = Redactor(private(release_interval=600.0), sampler=seeded_sampler("wait"))
+    sized = Redactor(private(release_interval=600.0, noise_share=0.25),
+                     sampler=seeded_sampler("wait"))
     interval = 86400 / math.floor(12.0 * 0.25 * 3)  # 9 releases a day for 3 hosts
     assert releases(sized, [1000.0, 1000.0 + interval - 1], [hs, hs]) == []
     assert sized.next_due() == pytest.approx(1000.0 + interval)

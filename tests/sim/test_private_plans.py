@@ -92,9 +92,13 @@ def test_the_default_plans_by_pool_size():
     red = Redactor(private(), sampler=seeded_sampler("sizes"))
     red.observe(pool(4, name="small") + pool(10, name="mid") + pool(40, name="big"), 0.0)
     plans = {t: red.plan(t) for t in ("pool/small/H200", "pool/mid/H200", "pool/big/H200")}
-    assert [p.release_interval for p in plans.values()] == pytest.approx([7200.0, 2880.0,
-                                                                          900.0])
-    assert [p.gpu_scale for p in plans.values()] == pytest.approx([8.0, 20.0, 64.0])
+    # 12 x 0.05 x hosts releases a day: 2 (then the 6 h cap's 4), 6 and 24.
+    assert [p.release_interval for p in plans.values()] == pytest.approx([21600.0, 14400.0,
+                                                                          3600.0])
+    assert [p.gpu_scale for p in plans.values()] == pytest.approx([8 / 3, 4.0, 16.0])
+    # A pool of 160 hosts or more is released every 900 s, with noise of scale 64.
+    red.observe(pool(160, name="huge"), 0.0)
+    assert red.plan("pool/huge/H200").release_interval == 900.0
     # The plan before pools were sized: 64 GPUs of noise in every pool.
     flat = Redactor(private(noise_share=0.0))
     flat.observe(pool(4, name="small"), 0.0)
@@ -261,7 +265,8 @@ def test_pool_shares_leave_out_pools_where_full_visibility_gains_too_little():
 
 
 def test_an_aging_release_is_published_again_wider_and_costs_nothing():
-    cfg = private(stale_after=7200.0)  # a 4-host pool: released every 2 h, scale 8
+    # A 4-host pool under a quarter's noise: released every 2 h, scale 8.
+    cfg = private(stale_after=7200.0, noise_share=0.25)
     red = Redactor(cfg, sampler=lambda value, scale: value)  # no noise: see the widening
     hs = pool(4, in_use=3)  # 20 free of 32
     seen = {}
