@@ -174,6 +174,18 @@ class Store:
                 continue  # written by another version: the host's next notice rebuilds it
         return out
 
+    def load_negotiation(self) -> dict[str, object] | None:
+        """The negotiation engine's state as last committed (None: none, or unreadable:
+        the engine begins anew and says so)."""
+        row = self.db.execute("SELECT state FROM negotiation WHERE id = 1").fetchone()
+        if row is None:
+            return None
+        try:
+            value = json.loads(row[0])
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
     def latest_conditions(self) -> dict[str, tuple[int, bytes, int]]:
         """Each topic's newest condition (seq, frame, offset), to serve late joiners
         after a restart."""
@@ -231,7 +243,8 @@ class Store:
                         declarations=tuple(self.load_declarations()),
                         feed_epoch=self.feed_epoch, notices=tuple(self.load_notices()),
                         feed_offsets=self.load_feed_offsets(),
-                        progress=self.told_progress())
+                        progress=self.told_progress(),
+                        negotiation=self.load_negotiation())
 
     def told_progress(self) -> tuple[tuple[str, JobProgress], ...]:
         """Per job topic and communicator, the last job-progress retained, where it
@@ -335,6 +348,9 @@ class Store:
             else:
                 self.db.execute("INSERT OR REPLACE INTO notices (id, state) VALUES (?, ?)",
                                 (notice_id, json.dumps(notice.to_plain(), sort_keys=True)))
+        if writes.negotiation is not None:
+            self.db.execute("INSERT OR REPLACE INTO negotiation (id, state) VALUES (1, ?)",
+                            (json.dumps(writes.negotiation, sort_keys=True),))
         for job, state in writes.tuning.items():
             if state is None:
                 self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))
