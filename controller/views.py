@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from controller.core import ControllerCore
+from controller.negotiation.types import Closed, Error
 from controller.redactionconfig import Mode
 from controller.types import Member, Placement
+from harmonaize.opsocket import CommandError
 from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
 
 
@@ -178,3 +180,28 @@ def tenant_notices(core: ControllerCore, tenant: str) -> list[dict[str, Any]]:
                     "approved": notice.approved, "deferred_seconds": notice.deferred,
                     "defer_seconds": core.notices.defer_left(notice.id, max_defer)})
     return out
+
+
+def holds(core: ControllerCore, now: float) -> list[dict[str, Any]]:
+    """Tenants' capacity holds not yet started, released, cancelled or expired
+    (``harmonctl -C holds``); ``id`` is what ``holds cancel`` takes."""
+    return [{"id": f"{h.tenant}/{h.request_id}", "tenant": h.tenant,
+             "request_id": h.request_id, "pool": h.pool, "gpu_class": h.gpu_class,
+             "count": h.count, "start": h.start, "end": h.end, "expires_at": h.expires_at}
+            for h in sorted(core.negotiation.holds(), key=lambda h: (h.start, h.tenant,
+                                                                       h.request_id))]
+
+
+def cancel_hold(core: ControllerCore, args: dict[str, Any], now: float) -> dict[str, Any]:
+    """An operator's ``holds cancel TENANT/REQUEST``: the hold ends, charged to nobody;
+    a CommandError names what does not fit."""
+    tenant, request_id = args.get("tenant"), args.get("request_id")
+    if not isinstance(tenant, str) or not isinstance(request_id, str):
+        raise CommandError("tenant and request_id must be strings (ID: TENANT/REQUEST)")
+    if tenant not in core.negotiation.policy.weights:
+        raise CommandError(f"no tenant {tenant!r:.80} negotiates ([negotiation] weights)")
+    answer = core.cancel_hold(tenant, request_id, now)
+    if isinstance(answer, Error):
+        raise CommandError(f"{tenant}/{request_id}: {answer}")
+    assert isinstance(answer, Closed)
+    return {"id": f"{tenant}/{request_id}", "state": answer.state.value}

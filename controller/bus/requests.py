@@ -72,6 +72,11 @@ def command(core: ControllerCore, store: Store, name: str, args: dict[str, Any],
         if not isinstance(job, str) or job not in core.redactor.placements:
             raise CommandError("job must name a placed job")
         return {"job": job}, core.unplace(job, now)
+    if name == "holds":
+        return views.holds(core, now), []
+    if name == "holds-cancel":
+        # its Commit comes with the leader's tick after this batch, before the answer
+        return views.cancel_hold(core, args, now), core.tick(now, wall)
     if name == "tenant-notices":
         return views.tenant_notices(core, str(args.get("tenant", ""))), []
     raise CommandError(f"unknown command {name!r}")

@@ -41,8 +41,17 @@ from harmonaize import keys
 from harmonaize.messages import (
     FEED_KINDS,
     MAX_FRAME,
+    Flexible,
     JobDeclaration,
+    MaintenanceCounter,
     Message,
+    Negotiated,
+    NegotiationAccept,
+    NegotiationCounter,
+    NegotiationList,
+    NegotiationPropose,
+    NegotiationReject,
+    NegotiationRelease,
     NoticeAction,
     Position,
     Refusal,
@@ -226,7 +235,55 @@ class FeedClient:
         again on the job's topic showing the outcome."""
         self.request(ValidationAnswer(notice, NoticeAction(action), seconds), timeout)
 
-    def request(self, body: Message, timeout: float = 10.0) -> None:
+    # --- negotiation (docs/tenant-guide.md, "Negotiating capacity and maintenance") ------
+
+    def propose(self, request_id: str, *, pool: str, gpu_class: str, min_count: int,
+                max_count: int, earliest_start: float, latest_start: float, duration: float,
+                flexibility: Flexible | str = Flexible.NONE, timeout: float = 10.0
+                ) -> Negotiated:
+        """Propose a reservation window; the controller's offer, counter or refusal.
+        Proposing again under the same ``request_id`` is a retry (the same answer)."""
+        return self._negotiate(NegotiationPropose(
+            request_id, pool, gpu_class, min_count, max_count, earliest_start, latest_start,
+            duration, Flexible(flexibility)), timeout)
+
+    def counter(self, request_id: str, offer_id: str, *, pool: str, gpu_class: str,
+                min_count: int, max_count: int, earliest_start: float, latest_start: float,
+                duration: float, flexibility: Flexible | str = Flexible.NONE,
+                timeout: float = 10.0) -> Negotiated:
+        """Counter an offer with a new proposal (the next round); the controller's answer."""
+        return self._negotiate(NegotiationCounter(
+            request_id, offer_id, pool, gpu_class, min_count, max_count, earliest_start,
+            latest_start, duration, Flexible(flexibility)), timeout)
+
+    def accept(self, request_id: str, offer_id: str, timeout: float = 10.0) -> Negotiated:
+        """Accept an offer before it expires: the hold."""
+        return self._negotiate(NegotiationAccept(request_id, offer_id), timeout)
+
+    def reject(self, request_id: str, offer_id: str, timeout: float = 10.0) -> Negotiated:
+        return self._negotiate(NegotiationReject(request_id, offer_id), timeout)
+
+    def release(self, request_id: str, timeout: float = 10.0) -> Negotiated:
+        """Give a hold back (free up to an hour before its start)."""
+        return self._negotiate(NegotiationRelease(request_id), timeout)
+
+    def counter_window(self, notice: str, windows: Sequence[float] = (),
+                       timeout: float = 10.0) -> Negotiated:
+        """Answer a validation notice's window: none accepts it; else your starts (your
+        checkpoints). The window as it stands."""
+        return self._negotiate(MaintenanceCounter(notice, tuple(windows)), timeout)
+
+    def negotiations(self, timeout: float = 10.0) -> tuple[Negotiated, ...]:
+        """Your negotiations, holds and maintenance windows as they stand."""
+        return self.request(NegotiationList(), timeout).negotiation
+
+    def _negotiate(self, body: Message, timeout: float) -> Negotiated:
+        answer = self.request(body, timeout).negotiation
+        if not answer:
+            raise RequestError("the controller's answer carried no negotiation")
+        return answer[0]
+
+    def request(self, body: Message, timeout: float = 10.0) -> Reply:
         """Send one request and wait for its answer; raises :class:`RequestError` if it is
         refused or not answered within ``timeout`` seconds."""
         self._request_seq += 1
@@ -245,6 +302,7 @@ class FeedClient:
         reply = self._replies.pop(seq)
         if not reply.ok:
             raise RequestError(reply.error, reply.code)
+        return reply
 
     def __iter__(self) -> Iterator[FeedMessage]:
         while True:

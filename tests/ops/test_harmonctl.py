@@ -52,6 +52,7 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("privacy", "controller", []),
     ("job-findings", "controller", []),
     ("scheduler", "controller", []),
+    ("holds", "controller", []),
     ("token", "controller", ["issue", "--tenant", "acme", "--days", "1"]),
     ("token", "controller", ["list"]),
     ("unplace", "controller", ["j1"]),
