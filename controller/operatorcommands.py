@@ -195,7 +195,10 @@ class OperatorCommands:
 
     def _cmd_cancel_hold(self, args: dict[str, Any]) -> dict[str, Any]:
         self._writable()
-        result = views.cancel_hold(self.core, args, time.monotonic())
+        try:
+            result = views.cancel_hold(self.core, args, time.monotonic())
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self._execute(self.core.tick(time.monotonic(), time.time()))  # stored, then said
         self._stored()
         log.info("hold %s cancelled by an operator", result["id"])

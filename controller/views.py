@@ -15,7 +15,6 @@ from controller.core import ControllerCore
 from controller.negotiation.types import Closed, Error
 from controller.redactionconfig import Mode
 from controller.types import Member, Placement
-from harmonaize.opsocket import CommandError
 from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
 
 
@@ -194,14 +193,14 @@ def holds(core: ControllerCore, now: float) -> list[dict[str, Any]]:
 
 def cancel_hold(core: ControllerCore, args: dict[str, Any], now: float) -> dict[str, Any]:
     """An operator's ``holds cancel TENANT/REQUEST``: the hold ends, charged to nobody;
-    a CommandError names what does not fit."""
+    a ValueError names what does not fit (its callers say it as the command's error)."""
     tenant, request_id = args.get("tenant"), args.get("request_id")
     if not isinstance(tenant, str) or not isinstance(request_id, str):
-        raise CommandError("tenant and request_id must be strings (ID: TENANT/REQUEST)")
+        raise ValueError("tenant and request_id must be strings (ID: TENANT/REQUEST)")
     if tenant not in core.negotiation.policy.weights:
-        raise CommandError(f"no tenant {tenant!r:.80} negotiates ([negotiation] weights)")
+        raise ValueError(f"no tenant {tenant!r:.80} negotiates ([negotiation] weights)")
     answer = core.cancel_hold(tenant, request_id, now)
     if isinstance(answer, Error):
-        raise CommandError(f"{tenant}/{request_id}: {answer}")
+        raise ValueError(f"{tenant}/{request_id}: {answer}")
     assert isinstance(answer, Closed)
     return {"id": f"{tenant}/{request_id}", "state": answer.state.value}

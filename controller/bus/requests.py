@@ -76,7 +76,11 @@ def command(core: ControllerCore, store: Store, name: str, args: dict[str, Any],
         return views.holds(core, now), []
     if name == "holds-cancel":
         # its Commit comes with the leader's tick after this batch, before the answer
-        return views.cancel_hold(core, args, now), core.tick(now, wall)
+        try:
+            cancelled = views.cancel_hold(core, args, now)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return cancelled, core.tick(now, wall)
     if name == "tenant-notices":
         return views.tenant_notices(core, str(args.get("tenant", ""))), []
     raise CommandError(f"unknown command {name!r}")

@@ -39,6 +39,7 @@ from controller.gateway.bodies import MAX_BODY, BodyError, decode_json
 from controller.gateway.connections import ConnectionGuard, GuardedSite
 from controller.gateway.events import STATUS
 from controller.gateway.identity import TenantIdentity
+from controller.gateway.negotiations import NegotiationRoutes
 from controller.gateway.sessions import Sessions
 from controller.gateway.shell import PEER, GatewayStats, Refused, Shell
 from controller.gateway.streaming import FeedStreams, Stream
@@ -50,19 +51,12 @@ from harmonaize.messages import (
     Envelope,
     ErrorCode,
     JobDeclaration,
-    MaintenanceCounter,
     Message,
-    NegotiationAccept,
-    NegotiationCounter,
-    NegotiationList,
-    NegotiationPropose,
-    NegotiationReject,
-    NegotiationRelease,
     Reply,
     Subscribed,
     ValidationAnswer,
 )
-from harmonaize.schema import SchemaError, from_plain, strict_keys, to_plain
+from harmonaize.schema import SchemaError, from_plain, strict_keys
 
 if TYPE_CHECKING:
     from controller.config import GatewaySection
@@ -70,14 +64,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("harmonaize.controller.gateway")
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+/=-]{1,128}")
-#: ``POST /v1/negotiations/<step>``: the message each step's body is.
-NEGOTIATION_STEPS: dict[str, type[Message]] = {
-    "propose": NegotiationPropose, "counter": NegotiationCounter,
-    "accept": NegotiationAccept, "reject": NegotiationReject,
-    "release": NegotiationRelease}
 
 
-class Gateway(TenantIdentity, FeedStreams):
+
+class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
     def __init__(self, cfg: GatewaySection, shell: Shell, *, hwm: int) -> None:
         self.cfg = cfg
         self.shell = shell
@@ -348,44 +338,6 @@ class Gateway(TenantIdentity, FeedStreams):
         await self._ask(request, tenant, body)
         return web.json_response({"ok": True, "request_id": request["request_id"],
                                   "notice": request.match_info["notice"]})
-
-    async def _negotiate(self, request: web.Request) -> web.Response:
-        """``POST /v1/negotiations/<step>`` (propose, counter, accept, reject, release):
-        the body is that message; the answer carries the controller's (offer, counter,
-        refusal, hold, closed)."""
-        tenant = self._admitted(request)
-        step = request.match_info["step"]
-        cls = NEGOTIATION_STEPS.get(step)
-        if cls is None:
-            raise Refused(ErrorCode.NOT_FOUND, f"no negotiation step {step!r:.40}: one of "
-                          + ", ".join(NEGOTIATION_STEPS))
-        reply = await self._ask(request, tenant, self._typed(cls, await self._json(request)))
-        return self._negotiated(request, reply)
-
-    async def _negotiations(self, request: web.Request) -> web.Response:
-        """``GET /v1/negotiations``: yours, and your maintenance windows, as they stand."""
-        tenant = self._admitted(request)
-        reply = await self._ask(request, tenant, NegotiationList())
-        return self._negotiated(request, reply)
-
-    async def _windows(self, request: web.Request) -> web.Response:
-        """``POST /v1/notices/<id>/windows``: counter a notice's window with your own."""
-        tenant = self._admitted(request)
-        data = await self._json(request)
-        if not isinstance(data, dict):
-            raise Refused(ErrorCode.INVALID, "maintenance-counter: expected a JSON object")
-        notice = request.match_info["notice"]
-        if "notice" in data and data["notice"] != notice:
-            raise Refused(ErrorCode.INVALID, f"maintenance-counter.notice: "
-                          f"{data['notice']!r:.80} differs from the path's notice "
-                          f"{notice!r:.80}: leave it out")
-        body = self._typed(MaintenanceCounter, {**data, "notice": notice})
-        return self._negotiated(request, await self._ask(request, tenant, body))
-
-    @staticmethod
-    def _negotiated(request: web.Request, reply: Reply) -> web.Response:
-        return web.json_response({"ok": True, "request_id": request["request_id"],
-                                  "negotiation": to_plain(reply.negotiation)})
 
     async def _notices(self, request: web.Request) -> web.Response:
         tenant = self._admitted(request)

@@ -90,7 +90,6 @@ CONTROLLER_RENDERERS: dict[str, Renderer] = {
     "privacy": render_privacy,
     "job-findings": render_job_findings,
     "holds": render_holds,
-    "holds-cancel": render_holds,
     "scheduler": render_scheduler,
     "scheduler-cancel": render_scheduler,
     "scheduler-release": render_scheduler,

@@ -18,9 +18,9 @@ from harmonaize.messages.core import Category, Message, message
 from harmonaize.schema import Count, Ident, Len, Name, Num, Timestamp
 
 #: A GPU count as a tenant may write it (the controller says 1 at least, and below what).
-Gpus = Annotated[int, Num(0, 1_000_000)]
+_Gpus = Annotated[int, Num(0, 1_000_000)]
 #: How long a window lasts (the controller says at most 7 days).
-Duration = Annotated[float, Num(0.0, 1e9)]
+_Duration = Annotated[float, Num(0.0, 1e9)]
 
 
 class Flexible(StrEnum):
@@ -43,14 +43,14 @@ class NegotiationPropose(Message):
     request_id: Ident
     pool: Ident
     gpu_class: Ident
-    min_count: Gpus
-    max_count: Gpus
+    min_count: _Gpus
+    max_count: _Gpus
     #: The window may start at the earliest here ...
     earliest_start: Timestamp
     #: ... and at the latest here.
     latest_start: Timestamp
     #: Seconds it lasts once started.
-    duration: Duration
+    duration: _Duration
     flexibility: Flexible = Flexible.NONE
 
 
@@ -65,11 +65,11 @@ class NegotiationCounter(Message):
     offer_id: Ident
     pool: Ident
     gpu_class: Ident
-    min_count: Gpus
-    max_count: Gpus
+    min_count: _Gpus
+    max_count: _Gpus
     earliest_start: Timestamp
     latest_start: Timestamp
-    duration: Duration
+    duration: _Duration
     flexibility: Flexible = Flexible.NONE
 
 

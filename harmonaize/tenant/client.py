@@ -41,17 +41,8 @@ from harmonaize import keys
 from harmonaize.messages import (
     FEED_KINDS,
     MAX_FRAME,
-    Flexible,
     JobDeclaration,
-    MaintenanceCounter,
     Message,
-    Negotiated,
-    NegotiationAccept,
-    NegotiationCounter,
-    NegotiationList,
-    NegotiationPropose,
-    NegotiationReject,
-    NegotiationRelease,
     NoticeAction,
     Position,
     Refusal,
@@ -63,20 +54,12 @@ from harmonaize.messages import (
     decode,
     encode,
 )
+from harmonaize.tenant.negotiating import Negotiating, RequestError
 from harmonaize.tenant.sequencer import FeedMessage, FeedStats, Sequencer
 
 #: Renew this often until the controller says how long a subscription lasts.
 DEFAULT_RENEW = 10.0
 MAX_POSITIONS = 1024
-
-
-class RequestError(RuntimeError):
-    """The controller refused a request, or did not answer; the message says which, and
-    ``code`` is the refusal's :class:`~harmonaize.messages.ErrorCode` ("" for no answer)."""
-
-    def __init__(self, message: str, code: str = "") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class FeedError(RuntimeError):
@@ -101,7 +84,7 @@ def _load_public(key: bytes | str | Path) -> bytes:
     return keys.load_public(key)
 
 
-class FeedClient:
+class FeedClient(Negotiating):
     def __init__(
         self,
         endpoint: str | Sequence[str],
@@ -234,54 +217,6 @@ class FeedClient:
         declaration allows); raises :class:`RequestError` if refused. The notice comes
         again on the job's topic showing the outcome."""
         self.request(ValidationAnswer(notice, NoticeAction(action), seconds), timeout)
-
-    # --- negotiation (docs/tenant-guide.md, "Negotiating capacity and maintenance") ------
-
-    def propose(self, request_id: str, *, pool: str, gpu_class: str, min_count: int,
-                max_count: int, earliest_start: float, latest_start: float, duration: float,
-                flexibility: Flexible | str = Flexible.NONE, timeout: float = 10.0
-                ) -> Negotiated:
-        """Propose a reservation window; the controller's offer, counter or refusal.
-        Proposing again under the same ``request_id`` is a retry (the same answer)."""
-        return self._negotiate(NegotiationPropose(
-            request_id, pool, gpu_class, min_count, max_count, earliest_start, latest_start,
-            duration, Flexible(flexibility)), timeout)
-
-    def counter(self, request_id: str, offer_id: str, *, pool: str, gpu_class: str,
-                min_count: int, max_count: int, earliest_start: float, latest_start: float,
-                duration: float, flexibility: Flexible | str = Flexible.NONE,
-                timeout: float = 10.0) -> Negotiated:
-        """Counter an offer with a new proposal (the next round); the controller's answer."""
-        return self._negotiate(NegotiationCounter(
-            request_id, offer_id, pool, gpu_class, min_count, max_count, earliest_start,
-            latest_start, duration, Flexible(flexibility)), timeout)
-
-    def accept(self, request_id: str, offer_id: str, timeout: float = 10.0) -> Negotiated:
-        """Accept an offer before it expires: the hold."""
-        return self._negotiate(NegotiationAccept(request_id, offer_id), timeout)
-
-    def reject(self, request_id: str, offer_id: str, timeout: float = 10.0) -> Negotiated:
-        return self._negotiate(NegotiationReject(request_id, offer_id), timeout)
-
-    def release(self, request_id: str, timeout: float = 10.0) -> Negotiated:
-        """Give a hold back (free up to an hour before its start)."""
-        return self._negotiate(NegotiationRelease(request_id), timeout)
-
-    def counter_window(self, notice: str, windows: Sequence[float] = (),
-                       timeout: float = 10.0) -> Negotiated:
-        """Answer a validation notice's window: none accepts it; else your starts (your
-        checkpoints). The window as it stands."""
-        return self._negotiate(MaintenanceCounter(notice, tuple(windows)), timeout)
-
-    def negotiations(self, timeout: float = 10.0) -> tuple[Negotiated, ...]:
-        """Your negotiations, holds and maintenance windows as they stand."""
-        return self.request(NegotiationList(), timeout).negotiation
-
-    def _negotiate(self, body: Message, timeout: float) -> Negotiated:
-        answer = self.request(body, timeout).negotiation
-        if not answer:
-            raise RequestError("the controller's answer carried no negotiation")
-        return answer[0]
 
     def request(self, body: Message, timeout: float = 10.0) -> Reply:
         """Send one request and wait for its answer; raises :class:`RequestError` if it is
