@@ -232,7 +232,11 @@ class FeedClient(Negotiating):
                 why = f": {self.problem}" if self.problem else ""
                 raise RequestError(f"no answer from {self.endpoint} within {timeout:g} s{why}")
             self._wait(min(remaining, 0.2))
-            if not sent:
+            failovers = self.failovers
+            self._move_on(time.monotonic())
+            if not sent or self.failovers != failovers:
+                # Not sent, or sent to a replica this client has left: send it (again)
+                # to the one it is at now; the request's answer is the same for a retry.
                 sent = self._send(frame)
         reply = self._replies.pop(seq)
         if not reply.ok:
