@@ -194,7 +194,7 @@ comp harmonctl --ti
 """
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30,
                          check=True).stdout.splitlines()
-    assert out == ["validate validations", "hosts", "--help --json --reason --gpu", "1 2 3",
+    assert out == ["validate validations", "hosts holds", "--help --json --reason --gpu", "1 2 3",
                    "gpus", "--timeout"]
     zsh = harmonctl("completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef harmonctl\n")
