@@ -38,6 +38,7 @@ from controller.negotiation.types import (
     Refusal,
     Reject,
     Release,
+    Started,
 )
 from controller.negotiation.types import Cancel as CancelHold
 from controller.outputs import AnswerTenant
@@ -209,8 +210,16 @@ class NegotiationPart:
 
     def cancel_hold(self, tenant: str, request_id: str, now: float) -> Output:
         """An operator cancels a hold; the engine's answer (a Closed, or an Error)."""
-        outputs = self._step_negotiation([CancelHold(tenant, request_id)],
-                                         now + self._wall_offset)
+        return self._hold_ends(CancelHold(tenant, request_id), now)
+
+    def start_hold(self, tenant: str, request_id: str, now: float) -> Output:
+        """The scheduler placed the job a hold was for: the hold is used (counted to its
+        tenant's record, never a no-show); the engine's answer."""
+        return self._hold_ends(Started(tenant, request_id), now)
+
+    def _hold_ends(self, item: CancelHold | Started, now: float) -> Output:
+        tenant, request_id = item.tenant, item.request_id
+        outputs = self._step_negotiation([item], now + self._wall_offset)
         mine = [o for o in outputs if isinstance(o, Error) or _key_of(o) == (tenant,
                                                                              request_id)]
         return mine[-1] if mine else Error(tenant, "request_id", "no such hold")

@@ -190,8 +190,11 @@ class OperatorCommands:
             raise CommandError(str(exc)) from None
         self._writable()
         self._execute(self.core.place(placement, time.monotonic(), time.time()))
+        used = views.use_hold(self.core, placement, args, time.monotonic())
+        if used:
+            self._execute(self.core.tick(time.monotonic(), time.time()))  # stored first
         self._stored()
-        return views.placed(self.core, placement)
+        return {**views.placed(self.core, placement), **used}
 
     def _cmd_cancel_hold(self, args: dict[str, Any]) -> dict[str, Any]:
         self._writable()

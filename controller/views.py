@@ -35,6 +35,9 @@ class PlacementRequest:
     #: The Unix group (name or number) the job's processes run with on its hosts:
     #: only that group may read and follow the job's tuner policy there.
     group: Name = ""
+    #: The tenant's hold (its negotiation's request id) this job uses: the hold is
+    #: counted as used, never a no-show.
+    hold: Name = ""
 
 
 def placement(args: dict[str, Any]) -> Placement:
@@ -42,6 +45,19 @@ def placement(args: dict[str, Any]) -> Placement:
     request = from_plain(PlacementRequest, args, "place")
     return Placement(request.job, request.tenant,
                      tuple(Member(m.name, m.host) for m in request.members), request.group)
+
+
+def use_hold(core: ControllerCore, placement: Placement, args: dict[str, Any],
+             now: float) -> dict[str, Any]:
+    """A ``place`` that names the tenant's hold it uses: the hold starts. What became of
+    it, for the answer (the placement stands either way)."""
+    hold = args.get("hold")
+    if not isinstance(hold, str) or not hold:
+        return {}
+    if placement.tenant not in core.negotiation.policy.weights:
+        return {"hold": f"not started: tenant {placement.tenant} does not negotiate"}
+    answer = core.start_hold(placement.tenant, hold, now)
+    return {"hold": "started" if isinstance(answer, Closed) else f"not started: {answer}"}
 
 
 def placed(core: ControllerCore, placement: Placement) -> dict[str, Any]:

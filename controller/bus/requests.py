@@ -63,7 +63,11 @@ def command(core: ControllerCore, store: Store, name: str, args: dict[str, Any],
             placement = views.placement(args)
         except SchemaError as exc:
             raise CommandError(str(exc)) from None
-        return views.placed(core, placement), core.place(placement, now, wall)
+        outputs = core.place(placement, now, wall)
+        used = views.use_hold(core, placement, args, now)
+        if used:
+            outputs += core.tick(now, wall)  # the hold's end in a Commit before the answer
+        return {**views.placed(core, placement), **used}, outputs
     if name == "unplace":
         job = args.get("job")
         if isinstance(job, str) and job not in core.redactor.placements and \

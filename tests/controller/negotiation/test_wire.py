@@ -248,3 +248,23 @@ def test_a_restart_keeps_a_hold_and_an_open_offer(spawn, workdir: Path,
         # The offer made before the restart is accepted after it.
         assert acme.accept("r2", pending.offer_id).outcome is m.Outcome.HOLD
     assert {h["id"] for h in holds(restarted)} == {"acme/r1", "acme/r2"}
+
+
+def test_a_placement_that_names_its_hold_starts_it(spawn, workdir: Path,
+                                                   ctx: zmq.Context) -> None:
+    with negotiating(spawn, workdir, ctx) as (controller, _url, acme, _share):
+        w = window()
+        offer = acme.propose("r1", min_count=2, max_count=2, **w)
+        acme.accept("r1", offer.offer_id)
+        members = [{"name": str(i), "host": "h1"} for i in range(2)]
+        placed = controller.request("place", {"job": "j1", "tenant": "acme",
+                                              "members": members, "hold": "r1"})
+        assert placed["hold"] == "started", placed
+        assert holds(controller) == []  # used: no longer held, never a no-show
+        (started,) = acme.negotiations()
+        assert (started.request_id, started.state, started.charged) == ("r1", "started", 0.0)
+        # A placement naming no hold of the tenant's stands, and says so.
+        again = controller.request("place", {"job": "j2", "tenant": "acme",
+                                             "members": members, "hold": "r9"})
+        assert again["hold"] == "not started: request_id: no such negotiation of yours"
+        assert {j["job"] for j in controller.request("jobs")} == {"j1", "j2"}
