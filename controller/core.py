@@ -105,7 +105,8 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPa
         #: go to its leader: its own engine stays empty).
         self.negotiation = restore_engine(cfg.negotiation, None if follower
                                           else restored.negotiation)
-        self._negotiation_dirty = False
+        self._dirty_tenants: set[str] = set()
+        self._dirty_view = False
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(list(restored.hosts), now)
         self.redactor = Redactor(cfg.redaction, rng or random.Random())

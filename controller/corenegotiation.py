@@ -1,8 +1,9 @@
 """The controller core's part that negotiates (see controller/core.py): tenants'
 negotiation requests into the sans-I/O engine (controller/negotiation/), the private
 feed's pool releases as the engine's capacity view, its expiries as the core's deadlines,
-and its whole state in the Commit after every change (stored, and replicated on the bus
-with the rest of a Commit), so a restart or a new leader keeps holds and open offers.
+and its state in the Commit after every change, as rows of what changed
+(controller/negotiationrows.py: stored, and replicated on the bus with the rest of a
+Commit), so a restart or a new leader keeps holds and open offers.
 
 The engine runs on Unix time: its offers and holds are told to tenants, who propose in
 Unix time. The core keeps its monotonic ``now`` and learns the wall clock's offset from
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from controller import negotiationrows
 from controller.negotiation import plain
 from controller.negotiation.engine import Engine, Output, Policy
 from controller.negotiation.maintenance import (
@@ -75,12 +77,12 @@ def policy_of(section: NegotiationSection) -> Policy:
 
 
 def restore_engine(section: NegotiationSection, state: Mapping[str, Any] | None) -> Engine:
-    """The engine as the store kept it (a new one where nothing or an unreadable state was
-    kept: holds are then lost, which is logged)."""
-    if state is None:
+    """The engine as the store kept it, by rows (a new one where nothing or an unreadable
+    state was kept: holds are then lost, which is logged)."""
+    if not state:
         return Engine(policy_of(section))
     try:
-        return plain.from_plain(policy_of(section), dict(state))
+        return plain.from_plain(policy_of(section), negotiationrows.joined(state))
     except (KeyError, TypeError, ValueError) as exc:
         log.error("the stored negotiation state is unreadable, begun anew: %s", exc)
         return Engine(policy_of(section))
@@ -132,11 +134,14 @@ def engine_input(tenant: str, m: Message) -> Any:
 
 class NegotiationPart:
     """Negotiation in the core: a part of :class:`controller.core.ControllerCore`, which
-    holds the state (``negotiation``, ``_wall_offset``, ``_negotiation_dirty``)."""
+    holds the state (``negotiation``, ``_wall_offset``, ``_dirty_tenants``,
+    ``_dirty_view``)."""
 
     negotiation: Engine
     _wall_offset: float
-    _negotiation_dirty: bool
+    #: Tenants whose rows changed since the last Commit, and whether the view did.
+    _dirty_tenants: set[str]
+    _dirty_view: bool
     _held: list[CoreOutput]
 
     if TYPE_CHECKING:  # in controller/core.py
@@ -157,7 +162,7 @@ class NegotiationPart:
             error = errors[0]
             return [AnswerTenant(peer, Reply(seq, False, f"{body.KIND}.{error}"[:1000],
                                              ErrorCode.INVALID.value))]
-        self._negotiation_dirty = True
+        self._dirty_tenants.add(tenant)
         key = getattr(body, "request_id", None) or getattr(body, "notice", "")
         mine = [negotiated(o) for o in outputs if _key_of(o) == (tenant, key)]
         self._held.append(AnswerTenant(peer, Reply(seq, True, negotiation=tuple(mine[-1:]))))
@@ -179,8 +184,11 @@ class NegotiationPart:
         due = self.negotiation.next_deadline()
         if not inputs and (due is None or due > wall):
             return []
+        self._dirty_tenants |= negotiationrows.tenants_due(self.negotiation, wall)
+        self._dirty_tenants |= {str(t) for i in inputs if (t := getattr(i, "tenant", None))}
+        self._dirty_view |= any(isinstance(i, CapacityRelease) for i in inputs)
         outputs, _ = self.negotiation.step(inputs, wall)
-        self._negotiation_dirty = True
+        self._dirty_tenants |= {_key_of(o)[0] for o in outputs if _key_of(o)[0]}
         for out in outputs:
             if isinstance(out, Error):
                 log.warning("negotiation: %s refused: %s", out.tenant or "(controller)", out)
@@ -225,11 +233,13 @@ class NegotiationPart:
         return mine[-1] if mine else Error(tenant, "request_id", "no such hold")
 
     def take_negotiation(self) -> Mapping[str, Any] | None:
-        """The engine's whole state for the Commit, where it changed."""
-        if not self._negotiation_dirty:
+        """The rows of the engine's state that changed, for the Commit (None: none)."""
+        if not (self._dirty_tenants or self._dirty_view):
             return None
-        self._negotiation_dirty = False
-        return plain.to_plain(self.negotiation)
+        changed = negotiationrows.rows(self.negotiation, sorted(self._dirty_tenants),
+                                       self._dirty_view)
+        self._dirty_tenants, self._dirty_view = set(), False
+        return changed
 
     def negotiation_deadline(self) -> float | None:
         """The engine's next expiry on the core's clock."""

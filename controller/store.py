@@ -175,16 +175,15 @@ class Store:
         return out
 
     def load_negotiation(self) -> dict[str, object] | None:
-        """The negotiation engine's state as last committed (None: none, or unreadable:
-        the engine begins anew and says so)."""
-        row = self.db.execute("SELECT state FROM negotiation WHERE id = 1").fetchone()
-        if row is None:
-            return None
-        try:
-            value = json.loads(row[0])
-        except ValueError:
-            return None
-        return value if isinstance(value, dict) else None
+        """The negotiation engine's rows as last committed (None: none; an unreadable
+        row is left out, and the engine says what it cannot read)."""
+        out: dict[str, object] = {}
+        for key, state in self.db.execute("SELECT key, state FROM negotiation"):
+            try:
+                out[key] = json.loads(state)
+            except ValueError:
+                continue
+        return out or None
 
     def latest_conditions(self) -> dict[str, tuple[int, bytes, int]]:
         """Each topic's newest condition (seq, frame, offset), to serve late joiners
@@ -348,9 +347,12 @@ class Store:
             else:
                 self.db.execute("INSERT OR REPLACE INTO notices (id, state) VALUES (?, ?)",
                                 (notice_id, json.dumps(notice.to_plain(), sort_keys=True)))
-        if writes.negotiation is not None:
-            self.db.execute("INSERT OR REPLACE INTO negotiation (id, state) VALUES (1, ?)",
-                            (json.dumps(writes.negotiation, sort_keys=True),))
+        for key, row in (writes.negotiation or {}).items():
+            if row is None:
+                self.db.execute("DELETE FROM negotiation WHERE key = ?", (key,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO negotiation (key, state) VALUES (?, ?)",
+                                (key, json.dumps(row, sort_keys=True)))
         for job, state in writes.tuning.items():
             if state is None:
                 self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))

@@ -46,7 +46,8 @@ def merged(first: Writes, then: Writes) -> Writes:
         declarations={**first.declarations, **then.declarations},
         placements={**first.placements, **then.placements},
         tuning={**first.tuning, **then.tuning}, notices={**first.notices, **then.notices},
-        negotiation=then.negotiation if then.negotiation is not None else first.negotiation)
+        negotiation=None if first.negotiation is None and then.negotiation is None else
+        {**(first.negotiation or {}), **(then.negotiation or {})})
 
 
 @dataclass
