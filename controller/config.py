@@ -263,6 +263,20 @@ class JobHealthSection:
 
 
 @dataclass(frozen=True)
+class NegotiationSection:
+    """``[negotiation]``: who may negotiate capacity and with what weight (a tenant's
+    share of a pool's released free GPUs is its weight over all weights, at most
+    ``max_share``), and how long an offer stands (docs/tenant-guide.md, "Negotiating
+    capacity and maintenance"). No weights: nobody negotiates."""
+
+    STRICT_KEYS: ClassVar[bool] = True
+    weights: Annotated[dict[Ident, Annotated[float, Num(0.0, 1e6)]], Len(4096)] = field(
+        default_factory=dict)
+    max_share: Annotated[float, Num(0.01, 1.0)] = 0.5
+    offer_ttl: Annotated[float, Num(1.0, 86_400.0)] = 120.0
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     STRICT_KEYS: ClassVar[bool] = True
     controller: ControllerSection = field(default_factory=ControllerSection)
@@ -279,6 +293,7 @@ class ControllerConfig:
     notices: NoticesSection = field(default_factory=NoticesSection)
     scheduler: SchedulerSection = field(default_factory=SchedulerSection)
     jobhealth: JobHealthSection = field(default_factory=JobHealthSection)
+    negotiation: NegotiationSection = field(default_factory=NegotiationSection)
 
 
 def load(path: Path | None = None) -> tuple[ControllerConfig, Path | None]:

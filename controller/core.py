@@ -49,6 +49,7 @@ from controller.agreement import Agreement
 from controller.cluster import Cluster
 from controller.coreagents import AgentMessages
 from controller.corejobhealth import JobHealthPart
+from controller.corenegotiation import NegotiationPart, policy_of, restore_engine
 from controller.coretenants import TenantRequests
 from controller.declarations import Declarations
 from controller.jobhealth import JobHealthBoard
@@ -87,15 +88,25 @@ log = logging.getLogger("harmonaize.controller")
 FEED_PRUNE_INTERVAL = 60.0
 
 
-class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
+class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPart):
     def __init__(self, cfg: ControllerConfig, now: float, restored: Restored | None = None,
-                 *, rng: random.Random | None = None, follower: bool = False) -> None:
+                 *, rng: random.Random | None = None, follower: bool = False,
+                 wall: float | None = None) -> None:
         """Begin from what the store kept (nothing: a new controller). ``rng`` draws the
         redaction's release jitter (seed it for a reproducible run). ``follower``: a
         cluster replica's core, whose feed the leader numbers and whose placements are
-        the leader's (its store holds none)."""
+        the leader's (its store holds none). ``wall``: the Unix time at ``now`` (each
+        tick says it again), for what is negotiated in Unix time."""
         restored = restored or Restored()
         self.cfg = cfg
+        #: Unix time minus the core's clock, as the last tick (or the start) said it.
+        self._wall_offset = 0.0 if wall is None else wall - now
+        #: Capacity reservations and maintenance windows in rounds (a replica's requests
+        #: go to its leader: its own engine stays empty).
+        self.negotiation = restore_engine(cfg.negotiation, None if follower
+                                          else restored.negotiation)
+        self._dirty_tenants: set[str] = set()
+        self._dirty_view = False
         self.cluster = Cluster(missed_heartbeats=cfg.liveness.missed_heartbeats)
         self.cluster.restore(list(restored.hosts), now)
         self.redactor = Redactor(cfg.redaction, rng or random.Random())
@@ -168,6 +179,8 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
         """The batch is over, or a deadline came: do what is due, then a Commit and the
         sends it allows."""
         self._now = now
+        self._wall_offset = wall - now
+        self._step_negotiation([], wall)  # offers and holds that expired
         if now >= self._liveness_due():
             self._liveness_checked = now
             for host_id in self.cluster.tick(now):
@@ -194,7 +207,7 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
             return self._now
         times = (self._liveness_due(), self._expiry_due(), self._next_republish,
                  self._next_prune, self.redactor.next_due(), self._job_health_due(),
-                 self.agreement.next_deadline(self._stepped_at))
+                 self.agreement.next_deadline(self._stepped_at), self.negotiation_deadline())
         return min((t for t in times if t is not None), default=None)
 
     def delivered(self, send: SendToTenant | AnswerTenant, outcome: Delivery) -> None:
@@ -301,6 +314,8 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
             self._forget_undeclared_pools()
             self.cluster.changed = True
         self.agreement.settings = cfg.tuning
+        if cfg.negotiation != old.negotiation:
+            self.negotiation.policy = policy_of(cfg.negotiation)
         if cfg.jobhealth != old.jobhealth:
             self.jobhealth.configure(cfg.jobhealth)
 
@@ -322,7 +337,8 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart):
                         events=tuple(events), feed_seqs=seqs, feed_log=entries,
                         feed_offsets=offsets, declarations=self.declarations.take_dirty(),
                         placements=placements, tuning=tuning,
-                        notices=self.notices.take_dirty())
+                        notices=self.notices.take_dirty(),
+                        negotiation=self.take_negotiation())
         out: list[Output] = [Commit(writes)] if writes else []
         out += self._held
         self._held = []

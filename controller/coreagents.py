@@ -26,6 +26,7 @@ from harmonaize.messages import (
     Envelope,
     Hello,
     JobDeclaration,
+    NoticeStatus,
     PoolCapacity,
     Resync,
     TuningReport,
@@ -65,6 +66,10 @@ class AgentMessages(CoreState):
         def _declarations_for(self, host_id: str, conn: bytes) -> list[Output]: ...
         def _hosts_of(self, job: str) -> frozenset[str]: ...
         def _job_health(self, now: float, wall: float) -> None: ...  # corejobhealth.py
+        # controller/corenegotiation.py
+        def _released_capacity(self, topic: str, body: PoolCapacity, wall: float) -> None: ...
+        def _maintenance_window(self, notice_id: str, tenant: str, job: str, *,
+                                start: float, pause: float, wall: float) -> None: ...
 
     # --- agents ------------------------------------------------------------------------
 
@@ -136,6 +141,7 @@ class AgentMessages(CoreState):
         for publication in self.redactor.due(now):
             body = publication.body
             if isinstance(body, PoolCapacity):
+                self._released_capacity(publication.topic, body, wall)
                 log.info("capacity %s: hosts up %s, down %s, gpus %s (%s)", publication.topic,
                          body.hosts_up, body.hosts_down, body.gpus_available, body.trend.value)
             self._held += self.feed.publish(body, publication.topic, wall)
@@ -188,6 +194,10 @@ class AgentMessages(CoreState):
         self.notices.record(Notice(notice_id, placement.tenant, notice.job, host_id, plan,
                                    body.status, body.not_before, body.pause_seconds,
                                    placement=placement.generation))
+        if body.status is NoticeStatus.SCHEDULED:
+            self._maintenance_window(notice_id, placement.tenant, notice.job,
+                                     start=body.not_before, pause=float(body.pause_seconds),
+                                     wall=wall)
         return None
 
     def _reachable(self, now: float) -> set[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from controller.corenegotiation import REQUESTS as NEGOTIATION_REQUESTS
 from controller.corestate import CoreState
 from controller.declarations import for_host
 from controller.outputs import (
@@ -23,6 +24,8 @@ from harmonaize.messages import (
     Envelope,
     ErrorCode,
     JobDeclaration,
+    Message,
+    NegotiationList,
     Reply,
     Subscribe,
     ValidationAnswer,
@@ -34,13 +37,19 @@ if TYPE_CHECKING:  # the configuration module brings the metrics server's asynci
 
 log = logging.getLogger("harmonaize.controller")
 
+#: Negotiation requests that change what is stored (a list only reads).
+NEGOTIATION_WRITES = tuple(r for r in NEGOTIATION_REQUESTS if r is not NegotiationList)
+
 
 class TenantRequests(CoreState):
     """Tenants' requests in, declarations and answers out to the job's hosts: a part of
     :class:`controller.core.ControllerCore`, which holds the state."""
 
-    if TYPE_CHECKING:  # in controller/core.py
+    if TYPE_CHECKING:  # in controller/core.py and controller/corenegotiation.py
         def _release(self) -> list[Output]: ...
+
+        def _negotiate(self, peer: bytes, tenant: str, seq: int, body: Message,
+                       now: float) -> list[Output]: ...
 
     # --- tenants -----------------------------------------------------------------------
 
@@ -65,11 +74,14 @@ class TenantRequests(CoreState):
         if isinstance(body, Subscribe):
             # About stored state only: the feed's numbers move in tick(), committed at once.
             return self.feed.subscribe(peer, body, now, number=message.seq)
-        if self.storage_paused and isinstance(body, JobDeclaration | ValidationAnswer):
+        if self.storage_paused and isinstance(body, (JobDeclaration, ValidationAnswer,
+                                                     *NEGOTIATION_WRITES)):
             stats["refused_disk_full"] += 1
             return [AnswerTenant(peer.peer, Reply(
                 message.seq, False, "the controller cannot store anything now (its disk is "
                 "full): try again later", ErrorCode.UNAVAILABLE.value))]
+        if isinstance(body, NEGOTIATION_REQUESTS):
+            return self._negotiate(peer.peer, peer.tenant, message.seq, body, now)
         if isinstance(body, JobDeclaration):
             error = self._declare(peer.tenant, body)
         elif isinstance(body, ValidationAnswer):

@@ -120,6 +120,11 @@ class OperatorCommands:
             "job-findings": Command(lambda _: core.jobhealth.view(time.monotonic()),
                                     "jobs' hangs, stalls, stragglers and application XIDs, "
                                     "with hosts"),
+            "holds": Command(lambda _: views.holds(core, time.monotonic()),
+                             "tenants' capacity holds not yet started or ended"),
+            "holds-cancel": Command(self._cmd_cancel_hold,
+                                    "cancel a tenant's hold: tenant, request_id (charged to "
+                                    "nobody)", changes=True),
             "reload": Command(self._cmd_reload, "re-read the configuration file", changes=True),
             "tokens": Command(self._cmd_tokens, "tenants' HTTP gateway tokens (no secrets)"),
             "token-issue": Command(self._cmd_token_issue,
@@ -185,8 +190,22 @@ class OperatorCommands:
             raise CommandError(str(exc)) from None
         self._writable()
         self._execute(self.core.place(placement, time.monotonic(), time.time()))
+        used = views.use_hold(self.core, placement, args, time.monotonic())
+        if used:
+            self._execute(self.core.tick(time.monotonic(), time.time()))  # stored first
         self._stored()
-        return views.placed(self.core, placement)
+        return {**views.placed(self.core, placement), **used}
+
+    def _cmd_cancel_hold(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._writable()
+        try:
+            result = views.cancel_hold(self.core, args, time.monotonic())
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self._execute(self.core.tick(time.monotonic(), time.time()))  # stored, then said
+        self._stored()
+        log.info("hold %s cancelled by an operator", result["id"])
+        return result
 
     def _cmd_unplace(self, args: dict[str, Any]) -> dict[str, Any]:
         job = args.get("job")

@@ -99,10 +99,14 @@ class Writes:
     tuning: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
     #: By notice id: what the tenant was told and answered, or None where it went.
     notices: Mapping[str, Notice | None] = field(default_factory=dict)
+    #: The negotiation engine's rows that changed (controller/negotiationrows.py), a
+    #: row None where it went; None: nothing changed.
+    negotiation: Mapping[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.hosts or self.events or self.feed_seqs or self.feed_log
-                    or self.declarations or self.placements or self.tuning or self.notices)
+                    or self.declarations or self.placements or self.tuning or self.notices
+                    or self.negotiation is not None)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,8 @@ class Restored:
     #: Jobs' progress findings their owners were last told were active, with the
     #: owner (from the retained feed log): a restarted core withdraws those no longer so.
     progress: tuple[tuple[str, JobProgress], ...] = ()
+    #: The negotiation engine's rows as last committed (None: none kept).
+    negotiation: Mapping[str, Any] | None = None
 
 
 # --- outputs ---------------------------------------------------------------------------

@@ -88,6 +88,8 @@ LEADER_COMMANDS = {
     "pools": ("pools: hosts and GPUs (the provider's view)", False),
     "privacy": ("the private feed's budget per pool: ε spent in 24 h, plan", False),
     "job-findings": ("jobs' hangs, stalls, stragglers and application XIDs, with hosts", False),
+    "holds": ("tenants' capacity holds not yet started or ended", False),
+    "holds-cancel": ("cancel a tenant's hold: tenant, request_id (charged to nobody)", True),
 }
 
 

@@ -108,7 +108,7 @@ class ControllerServer(OperatorCommands):
         except StoreError as exc:
             raise RuntimeError(f"controller.database: {exc}") from None
         self.core = ControllerCore(cfg, time.monotonic(), self.store.restored(),
-                                   rng=random.Random())
+                                   rng=random.Random(), wall=time.time())
         #: Commits, paused while the disk is full (controller/writeback.py).
         self.writer = Writer(self.store, cfg.controller.full_disk_retry)
         self._ctx = zmq.asyncio.Context()

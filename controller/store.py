@@ -174,6 +174,17 @@ class Store:
                 continue  # written by another version: the host's next notice rebuilds it
         return out
 
+    def load_negotiation(self) -> dict[str, object] | None:
+        """The negotiation engine's rows as last committed (None: none; an unreadable
+        row is left out, and the engine says what it cannot read)."""
+        out: dict[str, object] = {}
+        for key, state in self.db.execute("SELECT key, state FROM negotiation"):
+            try:
+                out[key] = json.loads(state)
+            except ValueError:
+                continue
+        return out or None
+
     def latest_conditions(self) -> dict[str, tuple[int, bytes, int]]:
         """Each topic's newest condition (seq, frame, offset), to serve late joiners
         after a restart."""
@@ -231,7 +242,8 @@ class Store:
                         declarations=tuple(self.load_declarations()),
                         feed_epoch=self.feed_epoch, notices=tuple(self.load_notices()),
                         feed_offsets=self.load_feed_offsets(),
-                        progress=self.told_progress())
+                        progress=self.told_progress(),
+                        negotiation=self.load_negotiation())
 
     def told_progress(self) -> tuple[tuple[str, JobProgress], ...]:
         """Per job topic and communicator, the last job-progress retained, where it
@@ -335,6 +347,12 @@ class Store:
             else:
                 self.db.execute("INSERT OR REPLACE INTO notices (id, state) VALUES (?, ?)",
                                 (notice_id, json.dumps(notice.to_plain(), sort_keys=True)))
+        for key, row in (writes.negotiation or {}).items():
+            if row is None:
+                self.db.execute("DELETE FROM negotiation WHERE key = ?", (key,))
+            else:
+                self.db.execute("INSERT OR REPLACE INTO negotiation (key, state) VALUES (?, ?)",
+                                (key, json.dumps(row, sort_keys=True)))
         for job, state in writes.tuning.items():
             if state is None:
                 self.db.execute("DELETE FROM tuning WHERE job = ?", (job,))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from controller.core import ControllerCore
+from controller.negotiation.types import Closed, Error
 from controller.redactionconfig import Mode
 from controller.types import Member, Placement
 from harmonaize.schema import Ident, Len, Name, from_plain, to_plain
@@ -34,6 +35,9 @@ class PlacementRequest:
     #: The Unix group (name or number) the job's processes run with on its hosts:
     #: only that group may read and follow the job's tuner policy there.
     group: Name = ""
+    #: The tenant's hold (its negotiation's request id) this job uses: the hold is
+    #: counted as used, never a no-show.
+    hold: Name = ""
 
 
 def placement(args: dict[str, Any]) -> Placement:
@@ -41,6 +45,19 @@ def placement(args: dict[str, Any]) -> Placement:
     request = from_plain(PlacementRequest, args, "place")
     return Placement(request.job, request.tenant,
                      tuple(Member(m.name, m.host) for m in request.members), request.group)
+
+
+def use_hold(core: ControllerCore, placement: Placement, args: dict[str, Any],
+             now: float) -> dict[str, Any]:
+    """A ``place`` that names the tenant's hold it uses: the hold starts. What became of
+    it, for the answer (the placement stands either way)."""
+    hold = args.get("hold")
+    if not isinstance(hold, str) or not hold:
+        return {}
+    if placement.tenant not in core.negotiation.policy.weights:
+        return {"hold": f"not started: tenant {placement.tenant} does not negotiate"}
+    answer = core.start_hold(placement.tenant, hold, now)
+    return {"hold": "started" if isinstance(answer, Closed) else f"not started: {answer}"}
 
 
 def placed(core: ControllerCore, placement: Placement) -> dict[str, Any]:
@@ -178,3 +195,28 @@ def tenant_notices(core: ControllerCore, tenant: str) -> list[dict[str, Any]]:
                     "approved": notice.approved, "deferred_seconds": notice.deferred,
                     "defer_seconds": core.notices.defer_left(notice.id, max_defer)})
     return out
+
+
+def holds(core: ControllerCore, now: float) -> list[dict[str, Any]]:
+    """Tenants' capacity holds not yet started, released, cancelled or expired
+    (``harmonctl -C holds``); ``id`` is what ``holds cancel`` takes."""
+    return [{"id": f"{h.tenant}/{h.request_id}", "tenant": h.tenant,
+             "request_id": h.request_id, "pool": h.pool, "gpu_class": h.gpu_class,
+             "count": h.count, "start": h.start, "end": h.end, "expires_at": h.expires_at}
+            for h in sorted(core.negotiation.holds(), key=lambda h: (h.start, h.tenant,
+                                                                       h.request_id))]
+
+
+def cancel_hold(core: ControllerCore, args: dict[str, Any], now: float) -> dict[str, Any]:
+    """An operator's ``holds cancel TENANT/REQUEST``: the hold ends, charged to nobody;
+    a ValueError names what does not fit (its callers say it as the command's error)."""
+    tenant, request_id = args.get("tenant"), args.get("request_id")
+    if not isinstance(tenant, str) or not isinstance(request_id, str):
+        raise ValueError("tenant and request_id must be strings (ID: TENANT/REQUEST)")
+    if tenant not in core.negotiation.policy.weights:
+        raise ValueError(f"no tenant {tenant!r:.80} negotiates ([negotiation] weights)")
+    answer = core.cancel_hold(tenant, request_id, now)
+    if isinstance(answer, Error):
+        raise ValueError(f"{tenant}/{request_id}: {answer}")
+    assert isinstance(answer, Closed)
+    return {"id": f"{tenant}/{request_id}", "state": answer.state.value}

@@ -45,7 +45,9 @@ def merged(first: Writes, then: Writes) -> Writes:
         feed_offsets={**first.feed_offsets, **then.feed_offsets},
         declarations={**first.declarations, **then.declarations},
         placements={**first.placements, **then.placements},
-        tuning={**first.tuning, **then.tuning}, notices={**first.notices, **then.notices})
+        tuning={**first.tuning, **then.tuning}, notices={**first.notices, **then.notices},
+        negotiation=None if first.negotiation is None and then.negotiation is None else
+        {**(first.negotiation or {}), **(then.negotiation or {})})
 
 
 @dataclass

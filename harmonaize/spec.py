@@ -22,14 +22,17 @@ from harmonaize.specschema import Builder, first_paragraph, reachable, ref
 
 #: The spec's own version: the wire version, then a revision raised whenever a kind, a
 #: field or a code is added (what a client written against an older revision ignores).
-REVISION = 3
+REVISION = 4
 VERSION = f"{m.VERSION}.{REVISION}.0"
 
 #: Kinds a tenant receives, and the requests it sends (with their answers).
 RECEIVED = ("pool-capacity", "job-advisory", "job-health", "validation-notice",
             "job-progress", "application-xid")
 REQUESTS = {"subscribe": "subscribed", "job-declaration": "reply",
-            "validation-answer": "reply"}
+            "validation-answer": "reply", "negotiation-propose": "reply",
+            "negotiation-counter": "reply", "negotiation-accept": "reply",
+            "negotiation-reject": "reply", "negotiation-release": "reply",
+            "negotiation-list": "reply", "maintenance-counter": "reply"}
 #: The feed's default limits, as docs/tenant-guide.md states them.
 LIMITS = {
     "max_frame_bytes": m.MAX_FRAME,

@@ -78,6 +78,7 @@ def encode(commit: Commit) -> bytes:
                        for job, p in w.placements.items()},
         "tuning": {job: None if t is None else dict(t) for job, t in w.tuning.items()},
         "notices": {key: None if n is None else n.to_plain() for key, n in w.notices.items()},
+        "negotiation": None if w.negotiation is None else dict(w.negotiation),
     }, use_bin_type=True)
 
 
@@ -100,6 +101,7 @@ def decode(data: bytes) -> Commit:
             tuning=plain["tuning"],
             notices={key: None if n is None else Notice.from_plain(n)
                      for key, n in plain["notices"].items()},
+            negotiation=plain.get("negotiation"),
         )
     except CodecError:
         raise

@@ -181,7 +181,8 @@ class Leader:
         again = await self._restore()
         assert self.store is not None
         restored = dataclasses.replace(self.store.restored(), feed_epoch=self.epoch)
-        core = ControllerCore(self.cfg, time.monotonic(), restored, rng=random.Random())
+        core = ControllerCore(self.cfg, time.monotonic(), restored, rng=random.Random(),
+                              wall=time.time())
         for host in list(core.cluster.hosts):
             core.cluster.bind(peer_of(host), host)
         for entry in again:

@@ -63,7 +63,11 @@ def command(core: ControllerCore, store: Store, name: str, args: dict[str, Any],
             placement = views.placement(args)
         except SchemaError as exc:
             raise CommandError(str(exc)) from None
-        return views.placed(core, placement), core.place(placement, now, wall)
+        outputs = core.place(placement, now, wall)
+        used = views.use_hold(core, placement, args, now)
+        if used:
+            outputs += core.tick(now, wall)  # the hold's end in a Commit before the answer
+        return {**views.placed(core, placement), **used}, outputs
     if name == "unplace":
         job = args.get("job")
         if isinstance(job, str) and job not in core.redactor.placements and \
@@ -72,6 +76,15 @@ def command(core: ControllerCore, store: Store, name: str, args: dict[str, Any],
         if not isinstance(job, str) or job not in core.redactor.placements:
             raise CommandError("job must name a placed job")
         return {"job": job}, core.unplace(job, now)
+    if name == "holds":
+        return views.holds(core, now), []
+    if name == "holds-cancel":
+        # its Commit comes with the leader's tick after this batch, before the answer
+        try:
+            cancelled = views.cancel_hold(core, args, now)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return cancelled, core.tick(now, wall)
     if name == "tenant-notices":
         return views.tenant_notices(core, str(args.get("tenant", ""))), []
     raise CommandError(f"unknown command {name!r}")

@@ -39,6 +39,7 @@ from controller.gateway.bodies import MAX_BODY, BodyError, decode_json
 from controller.gateway.connections import ConnectionGuard, GuardedSite
 from controller.gateway.events import STATUS
 from controller.gateway.identity import TenantIdentity
+from controller.gateway.negotiations import NegotiationRoutes
 from controller.gateway.sessions import Sessions
 from controller.gateway.shell import PEER, GatewayStats, Refused, Shell
 from controller.gateway.streaming import FeedStreams, Stream
@@ -65,7 +66,8 @@ log = logging.getLogger("harmonaize.controller.gateway")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@+/=-]{1,128}")
 
 
-class Gateway(TenantIdentity, FeedStreams):
+
+class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
     def __init__(self, cfg: GatewaySection, shell: Shell, *, hwm: int) -> None:
         self.cfg = cfg
         self.shell = shell
@@ -93,6 +95,9 @@ class Gateway(TenantIdentity, FeedStreams):
         app.router.add_post(f"{v}/declarations", self._declare)
         app.router.add_get(f"{v}/notices", self._notices)
         app.router.add_post(f"{v}/notices/{{notice}}", self._answer)
+        app.router.add_post(f"{v}/notices/{{notice}}/windows", self._windows)
+        app.router.add_get(f"{v}/negotiations", self._negotiations)
+        app.router.add_post(f"{v}/negotiations/{{step}}", self._negotiate)
         app.router.add_post(f"{v}/session", self._session)
         app.router.add_delete(f"{v}/session", self._end_session)
         app.router.add_get(f"{v}/spec", self._spec_json)

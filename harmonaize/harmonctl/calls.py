@@ -49,6 +49,12 @@ def args_for(ns: argparse.Namespace) -> dict[str, Any]:
         return {"tenant": ns.tenant, "days": ns.days, "note": ns.note}
     if ns.command == "token" and ns.action == "revoke":
         return {"id": ns.id}
+    if ns.command == "holds" and ns.action == "cancel":
+        tenant, _, request_id = (ns.id or "").partition("/")
+        if not tenant or not request_id:
+            raise SystemExit("harmonctl: holds cancel needs an ID: TENANT/REQUEST (see "
+                             "harmonctl -C holds)")
+        return {"tenant": tenant, "request_id": request_id}
     if ns.command == "scheduler" and ns.action in ("cancel", "release"):
         if not ns.node:
             raise SystemExit(f"harmonctl: scheduler {ns.action} needs a NODE")
@@ -63,6 +69,8 @@ TOKEN_COMMANDS = {"issue": "token-issue", "list": "tokens", "revoke": "token-rev
 def daemon_command(ns: argparse.Namespace) -> str:
     if ns.command == "scheduler":
         return SCHEDULER_COMMANDS[ns.action]
+    if ns.command == "holds":
+        return "holds-cancel" if ns.action == "cancel" else "holds"
     if ns.command == "remediation" and ns.action != "status":
         return f"remediation-{ns.action}"
     return TOKEN_COMMANDS[ns.action] if ns.command == "token" else ns.command

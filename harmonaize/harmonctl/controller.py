@@ -5,6 +5,7 @@ the feed's subscribers, tenants, pools and the private feed's budget.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from harmonaize.tables import fields, table
@@ -187,3 +188,18 @@ def _history_detail(entry: dict[str, Any]) -> str:
     ranks = ", ".join(f"{r['rank']}@{r['host']}" for r in entry.get("ranks", [])[:8])
     return (f"{entry.get('state')} comm {entry.get('comm')} ({entry.get('cause')}) at "
             f"{entry.get('at_collective')}: {ranks}")
+
+
+def render_holds(rows: list[dict[str, Any]] | dict[str, Any]) -> str:
+    """``-C holds``: each hold, its window in UTC; ``holds cancel``: what ended."""
+    if isinstance(rows, dict):
+        return fields(rows.items())
+    return table([{**r, "start": _utc(r["start"]), "end": _utc(r["end"]),
+                   "expires_at": _utc(r["expires_at"])} for r in rows], [
+        ("id", "ID"), ("pool", "POOL"), ("gpu_class", "CLASS"), ("count", "GPUS"),
+        ("start", "START (UTC)"), ("end", "END (UTC)"), ("expires_at", "NO-SHOW AT (UTC)"),
+    ])
+
+
+def _utc(stamp: float) -> str:
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M:%S")

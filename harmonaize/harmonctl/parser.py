@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     token_sub.add_parser("list", parents=[common], help="every token, without secrets")
     revoke = token_sub.add_parser("revoke", parents=[common], help="revoke a token by its id")
     revoke.add_argument("id")
+    holds = sub.add_parser("holds", parents=[common],
+                           help="(controller) tenants' capacity holds: list; cancel ID "
+                           "(TENANT/REQUEST, charged to nobody)")
+    holds.add_argument("action", nargs="?", default="list", choices=("list", "cancel"))
+    holds.add_argument("id", nargs="?", help="the hold, for cancel: TENANT/REQUEST")
     scheduler = sub.add_parser(
         "scheduler", parents=[common],
         help="(controller) drains in the provider's scheduler: view; cancel or release a "
@@ -157,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Commands ``watch`` may repeat: they only read.
 WATCHABLE = ("status", "links", "rdma", "gpus", "health", "validations", "remediation",
              "hosts", "capacity", "events", "jobs", "feed", "tenants", "pools", "privacy",
-             "energy", "scheduler", "job-health", "job-findings")
+             "energy", "scheduler", "job-health", "job-findings", "holds")
 
 
 #: Commands answered by harmonctl itself, without a daemon.

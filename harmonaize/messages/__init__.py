@@ -18,7 +18,8 @@ This package is the public import path (``from harmonaize.messages import X``); 
 re-exports every name of its modules, one per family, so callers need not know where a
 message lives: ``core`` (version, limits, registry), ``values`` (shared value types),
 ``host`` (a host's connection and summary), ``energy``, ``tuning``, ``declaration``,
-``validation`` (notices and answers), ``jobhealth`` (ranks' progress, hangs, a job's
+``validation`` (notices and answers), ``negotiation`` (reservations and maintenance
+windows in rounds), ``jobhealth`` (ranks' progress, hangs, a job's
 own XIDs), ``feed`` (the tenant's feed and requests),
 ``peers`` (which kinds each peer may send) and ``codec`` (envelope, encode, decode,
 audit). The audit hook is set on ``codec`` itself (``harmonaize/wireaudit.py``).
@@ -83,6 +84,18 @@ from harmonaize.messages.jobhealth import (
     ProgressState,
     RankProgress,
 )
+from harmonaize.messages.negotiation import (
+    Flexible,
+    MaintenanceCounter,
+    Negotiated,
+    NegotiationAccept,
+    NegotiationCounter,
+    NegotiationList,
+    NegotiationPropose,
+    NegotiationReject,
+    NegotiationRelease,
+    Outcome,
+)
 from harmonaize.messages.peers import (
     AGENT_KINDS,
     CONTROLLER_KINDS,
@@ -128,16 +141,19 @@ from harmonaize.messages.values import (
 #: Every public name of the families, as before the split into modules.
 __all__ = [
     "AGENT_KINDS", "CONTROLLER_KINDS", "ERROR_MEANINGS", "FEED_KINDS", "MAGIC", "MAX_FRAME",
-    "MAX_LIST", "MAX_MAP", "MAX_STR", "TENANT_FACING", "TENANT_KINDS", "VERSION", "Ack", "AckPhase",
-    "Activation", "Advice", "Algorithm", "ApplicationXid", "Bucket", "BulkTraffic", "Bytes",
-    "Category", "Cause", "Channels", "Collective", "CommProgress", "CommReport", "Condition",
-    "Conditions", "Dscp", "EnergyAllowance", "Envelope", "ErrorCode", "Fault", "Finding", "Goodbye",
-    "GpuCounts", "Health", "Heartbeat", "Hello", "Hold", "HoldKind", "HostEvent", "HostSummary",
-    "JobAdvisory", "JobDeclaration", "JobEnergy", "JobHealth", "JobProgress", "JobRankProgress",
-    "Level", "LinkHealth", "Message", "NoticeAction", "NoticeStatus", "PoolCapacity", "Port",
-    "Position", "ProcessState", "ProgressState", "Protocol", "RankProgress", "Refusal", "Reply",
-    "Resync", "Severity", "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend",
-    "TuningAck", "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus",
-    "Urgency", "ValidationAnswer", "ValidationDecision", "ValidationNotice", "WireError", "audit",
+    "MAX_LIST", "MAX_MAP", "MAX_STR", "TENANT_FACING", "TENANT_KINDS", "VERSION", "Ack",
+    "AckPhase", "Activation", "Advice", "Algorithm", "ApplicationXid", "Bucket", "BulkTraffic",
+    "Bytes", "Category", "Cause", "Channels", "Collective", "CommProgress", "CommReport",
+    "Condition", "Conditions", "Dscp", "EnergyAllowance", "Envelope", "ErrorCode", "Fault",
+    "Finding", "Flexible", "Goodbye", "GpuCounts", "Health", "Heartbeat", "Hello", "Hold",
+    "HoldKind", "HostEvent", "HostSummary", "JobAdvisory", "JobDeclaration", "JobEnergy",
+    "JobHealth", "JobProgress", "JobRankProgress", "Level", "LinkHealth", "MaintenanceCounter",
+    "Message", "Negotiated", "NegotiationAccept", "NegotiationCounter", "NegotiationList",
+    "NegotiationPropose", "NegotiationReject", "NegotiationRelease", "NoticeAction",
+    "NoticeStatus", "Outcome", "PoolCapacity", "Port", "Position", "ProcessState",
+    "ProgressState", "Protocol", "RankProgress", "Refusal", "Reply", "Resync", "Severity",
+    "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend", "TuningAck",
+    "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus", "Urgency",
+    "ValidationAnswer", "ValidationDecision", "ValidationNotice", "WireError", "audit",
     "auditing", "decode", "encode", "kinds", "message", "registered",
 ]

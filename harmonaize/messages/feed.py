@@ -13,6 +13,7 @@ from harmonaize.messages.core import (
     Message,
     message,
 )
+from harmonaize.messages.negotiation import Negotiated
 from harmonaize.messages.values import (
     Bucket,
     Level,
@@ -240,3 +241,5 @@ class Reply(Message):
     error: Text = ""
     #: One of :class:`ErrorCode` when ``ok`` is false (a string: codes may be added).
     code: Name = ""
+    #: A negotiation request's answer (one), or a ``negotiation-list``'s (each of yours).
+    negotiation: Annotated[tuple[Negotiated, ...], Len(256)] = ()

@@ -12,7 +12,10 @@ AGENT_KINDS = frozenset({"hello", "heartbeat", "host-summary", "host-event", "jo
 CONTROLLER_KINDS = frozenset({"ack", "resync", "job-declaration", "tuning-arm",
                               "tuning-resolve", "validation-decision"})
 #: What a tenant sends the controller (its requests).
-TENANT_KINDS = frozenset({"subscribe", "job-declaration", "validation-answer"})
+TENANT_KINDS = frozenset({"subscribe", "job-declaration", "validation-answer",
+                          "negotiation-propose", "negotiation-counter", "negotiation-accept",
+                          "negotiation-reject", "negotiation-release", "negotiation-list",
+                          "maintenance-counter"})
 #: What the controller sends a tenant on its feed.
 FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice",
                         "job-progress", "application-xid",

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from harmonaize import keys, wireaudit
-from harmonaize.messages import ApplicationXid, JobDeclaration, JobProgress, PoolCapacity
+from harmonaize.messages import (
+    ApplicationXid,
+    Flexible,
+    JobDeclaration,
+    JobProgress,
+    Negotiated,
+    Outcome,
+    PoolCapacity,
+)
 from harmonaize.messages.jobhealth import Cause, Finding, ProgressState
 from harmonaize.schema import from_plain, to_plain
 from harmonaize.tenant.client import FeedClient, FeedError, FeedMessage, RequestError
@@ -180,6 +188,100 @@ def _notice(args: argparse.Namespace) -> int:
     return 0
 
 
+def describe_negotiated(n: Negotiated) -> str:
+    """One line per answer (--json keeps every field); times in UTC."""
+    def utc(stamp: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stamp))
+    if n.outcome in (Outcome.OFFER, Outcome.COUNTER):
+        how = f" (departs in {n.departs})" if n.departs else ""
+        return (f"{n.request_id}: {n.outcome.value}{how} {n.offer_id}: {n.count} GPUs "
+                f"{utc(n.start)} to {utc(n.end)} UTC, accept by {utc(n.expires_at)} "
+                f"(round {n.round})")
+    if n.outcome is Outcome.REFUSAL:
+        return f"{n.request_id}: refused ({n.reason})"
+    if n.outcome is Outcome.HOLD:
+        return (f"{n.request_id}: held: {n.count} GPUs {utc(n.start)} to {utc(n.end)} UTC "
+                f"(a no-show after {utc(n.expires_at)})")
+    if n.outcome is Outcome.WINDOW:
+        return (f"notice {n.request_id}: window {n.state}: {utc(n.start)} to {utc(n.end)} "
+                f"UTC (latest start {utc(n.expires_at)})")
+    return (f"{n.request_id}: {n.state}" + (f", {n.charged:g} GPU-seconds charged to your "
+                                           "record" if n.charged else ""))
+
+
+def _when(text: str) -> float:
+    """A time on the command line: Unix seconds, or +SECONDS from now."""
+    try:
+        return time.time() + float(text[1:]) if text.startswith("+") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: Unix seconds, or +SECONDS from now"
+                                         ) from None
+
+
+def _negotiate(args: argparse.Namespace) -> int:
+    window = {"pool": args.pool, "gpu_class": args.gpu_class, "min_count": args.min,
+              "max_count": args.max, "earliest_start": args.earliest,
+              "latest_start": args.latest, "duration": args.duration,
+              "flexibility": args.flexible} if args.step in ("propose", "counter") else {}
+    if window and None in window.values():
+        print(f"harmonaize-tenant: negotiate {args.step} needs --pool, --class, --min, "
+              "--max, --earliest, --latest and --duration", file=sys.stderr)
+        return 2
+    if args.step in ("accept", "reject", "counter") and not args.offer:
+        print(f"harmonaize-tenant: negotiate {args.step} needs --offer OFFER_ID",
+              file=sys.stderr)
+        return 2
+    if args.step != "list" and not args.request:
+        print(f"harmonaize-tenant: negotiate {args.step} needs a REQUEST id", file=sys.stderr)
+        return 2
+    with _client(args, ["pool/"]) as feed:
+        try:
+            if args.step == "list":
+                answers = feed.negotiations(timeout=args.timeout)
+            elif args.step == "propose":
+                answers = (feed.propose(args.request, **window, timeout=args.timeout),)
+            elif args.step == "counter":
+                answers = (feed.counter(args.request, args.offer, **window,
+                                        timeout=args.timeout),)
+            elif args.step == "accept":
+                answers = (feed.accept(args.request, args.offer, timeout=args.timeout),)
+            elif args.step == "reject":
+                answers = (feed.reject(args.request, args.offer, timeout=args.timeout),)
+            else:
+                answers = (feed.release(args.request, timeout=args.timeout),)
+        except RequestError as exc:
+            print(f"harmonaize-tenant: {args.step} refused ({exc.code or 'no answer'}): "
+                  f"{exc}", file=sys.stderr)
+            return 1
+    for answer in answers:
+        print(json.dumps(to_plain(answer)) if args.json else describe_negotiated(answer))
+    return 0
+
+
+def _negotiate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    negotiate = sub.add_parser(
+        "negotiate", parents=[common],
+        help="reserve capacity in rounds: propose, counter, accept, reject, release, list")
+    negotiate.add_argument("step", choices=["propose", "counter", "accept", "reject",
+                                            "release", "list"])
+    negotiate.add_argument("request", nargs="?", help="your request id (1-64 of A-Z a-z "
+                           "0-9 . _ : -): the negotiation's name in every step")
+    negotiate.add_argument("--offer", help="the offer's id (accept, reject, counter)")
+    negotiate.add_argument("--pool")
+    negotiate.add_argument("--class", dest="gpu_class", help="the GPU class")
+    negotiate.add_argument("--min", type=int, help="the fewest GPUs you can run with")
+    negotiate.add_argument("--max", type=int, help="the most GPUs you can use")
+    negotiate.add_argument("--earliest", type=_when,
+                           help="earliest start: Unix seconds, or +SECONDS from now")
+    negotiate.add_argument("--latest", type=_when, help="latest start, likewise")
+    negotiate.add_argument("--duration", type=float, help="seconds it lasts")
+    negotiate.add_argument("--flexible", default="none",
+                           choices=[f.value for f in Flexible],
+                           help="what the controller may counter with (default none)")
+    negotiate.add_argument("--json", action="store_true", help="one JSON object per answer")
+    negotiate.add_argument("--timeout", type=float, default=10.0)
+
+
 def _keygen(args: argparse.Namespace) -> int:
     try:
         public, secret = keys.generate(args.dir, args.name)
@@ -225,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="defer by this many seconds (default: all your declaration "
                         "allows)")
     notice.add_argument("--timeout", type=float, default=10.0)
+    _negotiate_parser(sub, common)
     keygen = sub.add_parser("keygen", help="make your CurveZMQ key pair")
     keygen.add_argument("name", help="your tenant name, as your provider knows you")
     keygen.add_argument("--dir", type=Path, default=Path("."))
@@ -236,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             return _declare(args)
         if args.command == "notice":
             return _notice(args)
+        if args.command == "negotiate":
+            return _negotiate(args)
         return _watch(args)
     except keys.KeyFileError as exc:
         print(f"harmonaize-tenant: {exc}", file=sys.stderr)

@@ -54,20 +54,12 @@ from harmonaize.messages import (
     decode,
     encode,
 )
+from harmonaize.tenant.negotiating import Negotiating, RequestError
 from harmonaize.tenant.sequencer import FeedMessage, FeedStats, Sequencer
 
 #: Renew this often until the controller says how long a subscription lasts.
 DEFAULT_RENEW = 10.0
 MAX_POSITIONS = 1024
-
-
-class RequestError(RuntimeError):
-    """The controller refused a request, or did not answer; the message says which, and
-    ``code`` is the refusal's :class:`~harmonaize.messages.ErrorCode` ("" for no answer)."""
-
-    def __init__(self, message: str, code: str = "") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class FeedError(RuntimeError):
@@ -92,7 +84,7 @@ def _load_public(key: bytes | str | Path) -> bytes:
     return keys.load_public(key)
 
 
-class FeedClient:
+class FeedClient(Negotiating):
     def __init__(
         self,
         endpoint: str | Sequence[str],
@@ -226,7 +218,7 @@ class FeedClient:
         again on the job's topic showing the outcome."""
         self.request(ValidationAnswer(notice, NoticeAction(action), seconds), timeout)
 
-    def request(self, body: Message, timeout: float = 10.0) -> None:
+    def request(self, body: Message, timeout: float = 10.0) -> Reply:
         """Send one request and wait for its answer; raises :class:`RequestError` if it is
         refused or not answered within ``timeout`` seconds."""
         self._request_seq += 1
@@ -240,11 +232,16 @@ class FeedClient:
                 why = f": {self.problem}" if self.problem else ""
                 raise RequestError(f"no answer from {self.endpoint} within {timeout:g} s{why}")
             self._wait(min(remaining, 0.2))
-            if not sent:
+            failovers = self.failovers
+            self._move_on(time.monotonic())
+            if not sent or self.failovers != failovers:
+                # Not sent, or sent to a replica this client has left: send it (again)
+                # to the one it is at now; the request's answer is the same for a retry.
                 sent = self._send(frame)
         reply = self._replies.pop(seq)
         if not reply.ok:
             raise RequestError(reply.error, reply.code)
+        return reply
 
     def __iter__(self) -> Iterator[FeedMessage]:
         while True:

@@ -52,6 +52,7 @@ COMMANDS: list[tuple[str, str, list[str]]] = [
     ("privacy", "controller", []),
     ("job-findings", "controller", []),
     ("scheduler", "controller", []),
+    ("holds", "controller", []),
     ("token", "controller", ["issue", "--tenant", "acme", "--days", "1"]),
     ("token", "controller", ["list"]),
     ("unplace", "controller", ["j1"]),
@@ -193,7 +194,7 @@ comp harmonctl --ti
 """
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30,
                          check=True).stdout.splitlines()
-    assert out == ["validate validations", "hosts", "--help --json --reason --gpu", "1 2 3",
+    assert out == ["validate validations", "hosts holds", "--help --json --reason --gpu", "1 2 3",
                    "gpus", "--timeout"]
     zsh = harmonctl("completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef harmonctl\n")

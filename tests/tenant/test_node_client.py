@@ -351,3 +351,4 @@ def test_a_controller_begun_anew_resets_the_node_client_while_it_runs(
     theirs = [g["body"]["ranks"][0] for g in python.got if "advice" in g["body"]]
     assert ranks == theirs == [*map(str, range(8)), "10", "11", "12"], (ranks, theirs)
     no_violations(stats)
+

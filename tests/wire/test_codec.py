@@ -56,6 +56,18 @@ SAMPLES: list[m.Message] = [
     m.JobProgress("job-7", 17, m.Finding.HANG, m.ProgressState.ACTIVE, ("3",),
                   m.Cause.PROCESS_NOT_RUNNING, 1201, 1_700_000_030.0),
     m.ApplicationXid("job-7", 31, m.Fault.MEMORY_MANAGEMENT, ("3",), False, 12.0),
+    m.NegotiationPropose("r1", "p1", "H200", 2, 4, 1_700_000_600.0, 1_700_003_600.0, 3600.0,
+                         m.Flexible.COUNT),
+    m.NegotiationCounter("r1", "of-0123", "p1", "H200", 1, 2, 1_700_000_600.0,
+                         1_700_003_600.0, 1800.0),
+    m.NegotiationAccept("r1", "of-0123"),
+    m.NegotiationReject("r1", "of-0123"),
+    m.NegotiationRelease("r1"),
+    m.NegotiationList(),
+    m.MaintenanceCounter("vn-00ff", (1_700_001_800.0, 1_700_005_400.0)),
+    m.Reply(5, True, negotiation=(m.Negotiated(
+        m.Outcome.COUNTER, "r1", "of-0123", 2, 1_700_000_600.0, 1_700_004_200.0,
+        1_700_000_120.0, 1, departs="count"),)),
 ]
 
 

@@ -200,6 +200,12 @@ async function command(client, line, stop) {
     case "answer":
       say("reply", { tag, ...(await client.answerNotice(cmd.notice, cmd.action, cmd.seconds)) });
       break;
+    case "negotiate":
+      say("reply", { tag, ...(await client.negotiate(cmd.step, cmd.body)) });
+      break;
+    case "counter-window":
+      say("reply", { tag, ...(await client.counterWindow(cmd.notice, cmd.windows)) });
+      break;
     case "stats":
       say("stats", { tag, ...client.stats, tenant: client.tenant, epoch: client.epoch,
                      positions: client.positions, open_gaps: client.sequencer.openGaps(),

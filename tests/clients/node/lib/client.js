@@ -318,6 +318,20 @@ export class FeedClient extends EventEmitter {
     return this.request("validation-answer", body);
   }
 
+  /**
+   * A negotiation step (the tenant guide's "Negotiating capacity and maintenance"):
+   * `step` is propose, counter, accept, reject, release or list, `body` that message's
+   * fields. Resolves with the reply; its `negotiation` lists the controller's answers.
+   */
+  negotiate(step, body) {
+    return this.request(`negotiation-${step}`, body ?? {});
+  }
+
+  /** Counter a validation notice's window with up to four starts (none: accept it). */
+  counterWindow(notice, windows) {
+    return this.request("maintenance-counter", { notice, windows: windows ?? [] });
+  }
+
   async close() {
     if (this.closed) return;
     this.closed = true;
