@@ -20,6 +20,7 @@ from harmonaize.config import (
     OptionalPath,
     split_address,
 )
+from harmonaize.maintenancetables import URGENCY, Urgency, ValidationCause
 from harmonaize.schema import Ident, Len, Name, Num, Str
 
 DEFAULT_PATH = Path("/etc/harmonaize/controller.toml")
@@ -274,6 +275,30 @@ class NegotiationSection:
         default_factory=dict)
     max_share: Annotated[float, Num(0.01, 1.0)] = 0.5
     offer_ttl: Annotated[float, Num(1.0, 86_400.0)] = 120.0
+    #: Per condition behind a validation (gpu-fault, ...): how long its maintenance
+    #: window may wait at most (only shorter than the built-in bound: a host refuses a
+    #: later start), and how much notice a tenant gets at least (docs/operator-guide.md).
+    most_wait: Annotated[dict[Ident, Annotated[float, Num(1.0, 604_800.0)]], Len(16)] = field(
+        default_factory=dict)
+    least_notice: Annotated[dict[Ident, Annotated[float, Num(0.0, 86_400.0)]], Len(16)] = (
+        field(default_factory=dict))
+
+    def __post_init__(self) -> None:
+        known = {c.value for c in ValidationCause}
+        for name, table in (("most_wait", self.most_wait), ("least_notice", self.least_notice)):
+            if unknown := sorted(set(table) - known):
+                raise ValueError(f"{name}: no condition {unknown[0]!r} (one of "
+                                 f"{', '.join(sorted(known))})")
+        for cause, wait in self.most_wait.items():
+            if wait > URGENCY[ValidationCause(cause)].most_wait:
+                raise ValueError(f"most_wait.{cause}: {wait:g} s is above the built-in "
+                                 f"{URGENCY[ValidationCause(cause)].most_wait:g} s")
+
+    def urgency(self) -> dict[ValidationCause, Urgency]:
+        """The bounds per condition, the table's with this section's changes."""
+        return {c: Urgency(self.most_wait.get(c.value, u.most_wait),
+                           self.least_notice.get(c.value, u.least_notice))
+                for c, u in URGENCY.items()}
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from harmonaize.messages import (
     Resync,
     TuningReport,
     TuningStatus,
+    ValidationCause,
     ValidationNotice,
 )
 
@@ -69,7 +70,8 @@ class AgentMessages(CoreState):
         # controller/corenegotiation.py
         def _released_capacity(self, topic: str, body: PoolCapacity, wall: float) -> None: ...
         def _maintenance_window(self, notice_id: str, tenant: str, job: str, *,
-                                start: float, pause: float, wall: float) -> None: ...
+                                start: float, pause: float, wall: float,
+                                cause: ValidationCause = ...) -> None: ...
 
     # --- agents ------------------------------------------------------------------------
 
@@ -181,6 +183,9 @@ class AgentMessages(CoreState):
         # Hosts before answerable notices sent no plan id: each notice stands alone.
         plan = notice.id or f"@{notice.starts_at}"
         notice_id = self.notices.id_for(host_id, plan, notice.job)
+        if (known := self.notices.get(notice_id)) is not None and known.window:
+            # A negotiated window may lie beyond the horizon a start is clamped to.
+            max_defer = max(max_defer, known.window - wall)
         if self.notices.get(notice_id) is None and self.notices.full(
                 host_id, notice.job, self.cfg.notices.per_host, self.cfg.notices.per_job):
             return "too_many_notices"
@@ -197,7 +202,7 @@ class AgentMessages(CoreState):
         if body.status is NoticeStatus.SCHEDULED:
             self._maintenance_window(notice_id, placement.tenant, notice.job,
                                      start=body.not_before, pause=float(body.pause_seconds),
-                                     wall=wall)
+                                     wall=wall, cause=body.cause)
         return None
 
     def _reachable(self, now: float) -> set[str]:

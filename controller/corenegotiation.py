@@ -24,6 +24,7 @@ from controller.negotiation.maintenance import (
     MaintenanceAnswer,
     MaintenanceProposal,
     MaintenanceWindow,
+    MState,
 )
 from controller.negotiation.types import (
     Accept,
@@ -43,7 +44,7 @@ from controller.negotiation.types import (
     Started,
 )
 from controller.negotiation.types import Cancel as CancelHold
-from controller.outputs import AnswerTenant
+from controller.outputs import AnswerTenant, SendToAgent
 from harmonaize.messages import (
     ErrorCode,
     MaintenanceCounter,
@@ -61,7 +62,9 @@ from harmonaize.messages import (
 )
 
 if TYPE_CHECKING:
+    from controller.cluster import Cluster
     from controller.config import NegotiationSection
+    from controller.notices import Notices
     from controller.outputs import Output as CoreOutput
 
 log = logging.getLogger("harmonaize.controller")
@@ -73,7 +76,7 @@ REQUESTS = (NegotiationPropose, NegotiationCounter, NegotiationAccept, Negotiati
 
 def policy_of(section: NegotiationSection) -> Policy:
     return Policy(weights=dict(section.weights), max_share=section.max_share,
-                  offer_ttl=section.offer_ttl)
+                  offer_ttl=section.offer_ttl, urgency=section.urgency())
 
 
 def restore_engine(section: NegotiationSection, state: Mapping[str, Any] | None) -> Engine:
@@ -143,6 +146,8 @@ class NegotiationPart:
     _dirty_tenants: set[str]
     _dirty_view: bool
     _held: list[CoreOutput]
+    notices: Notices
+    cluster: Cluster
 
     if TYPE_CHECKING:  # in controller/core.py
         def _release(self) -> list[CoreOutput]: ...
@@ -163,6 +168,7 @@ class NegotiationPart:
             return [AnswerTenant(peer, Reply(seq, False, f"{body.KIND}.{error}"[:1000],
                                              ErrorCode.INVALID.value))]
         self._dirty_tenants.add(tenant)
+        self._windows_settled(outputs)
         key = getattr(body, "request_id", None) or getattr(body, "notice", "")
         mine = [negotiated(o) for o in outputs if _key_of(o) == (tenant, key)]
         self._held.append(AnswerTenant(peer, Reply(seq, True, negotiation=tuple(mine[-1:]))))
@@ -189,6 +195,7 @@ class NegotiationPart:
         self._dirty_view |= any(isinstance(i, CapacityRelease) for i in inputs)
         outputs, _ = self.negotiation.step(inputs, wall)
         self._dirty_tenants |= {_key_of(o)[0] for o in outputs if _key_of(o)[0]}
+        self._windows_settled(outputs)
         for out in outputs:
             if isinstance(out, Error):
                 log.warning("negotiation: %s refused: %s", out.tenant or "(controller)", out)
@@ -208,13 +215,35 @@ class NegotiationPart:
                                                 wall)], wall)
 
     def _maintenance_window(self, notice_id: str, tenant: str, job: str, *, start: float,
-                            pause: float, wall: float) -> None:
-        """A new validation notice for a tenant that negotiates: its window, proposed."""
+                            pause: float, wall: float, cause: Cause = Cause.ROUTINE) -> None:
+        """A new validation notice for a tenant that negotiates: its window, proposed,
+        bounded by the urgency of the condition the host named. A notice that gives less
+        than the condition's least notice is not negotiable (approve and defer still are):
+        the host's own lead ([validation] notice_lead) decides which notices can be."""
         if tenant not in self.negotiation.policy.weights or \
                 notice_id in self.negotiation.maintenance.items or pause <= 0:
             return
-        self._step_negotiation([MaintenanceProposal(notice_id, tenant, job, Cause.ROUTINE,
+        if start < wall + self.negotiation.maintenance.urgency[cause].least_notice:
+            return
+        self._step_negotiation([MaintenanceProposal(notice_id, tenant, job, cause,
                                                     start, pause, wall)], wall)
+
+    def _windows_settled(self, outputs: list[Output]) -> None:
+        """Settled maintenance windows reach their hosts as a deferral does: the notice
+        keeps the agreed start (stored in the next Commit) and its host is told it after
+        that Commit; the host moves the validation there and tells the job."""
+        for out in outputs:
+            if not isinstance(out, MaintenanceWindow) or out.state is MState.PROPOSED:
+                continue
+            decision = self.notices.settle_window(out.notice_id, out.start)
+            notice = self.notices.get(out.notice_id)
+            if decision is None or notice is None:
+                continue
+            log.info("maintenance window of notice %s (job %s) %s: starts at %.0f",
+                     out.notice_id, out.job, out.state.value, out.start)
+            conn = self.cluster.conn_of.get(notice.host)
+            if conn is not None:
+                self._held.append(SendToAgent(conn, decision))
 
     def cancel_hold(self, tenant: str, request_id: str, now: float) -> Output:
         """An operator cancels a hold; the engine's answer (a Closed, or an Error)."""

@@ -23,6 +23,7 @@ from harmonaize.messages import (
     NoticeStatus,
     TuningStatus,
     Urgency,
+    ValidationCause,
     ValidationNotice,
 )
 
@@ -79,7 +80,8 @@ def rebuilt_notice(cfg: RedactionConfig, placements: Mapping[str, Placement], ho
     return placement, ValidationNotice(
         placement.job, ranks, int(notice.pause_seconds), starts, notice_id, starts,
         NoticeStatus(notice.status),
-        defer_seconds if notice.status is NoticeStatus.SCHEDULED else 0.0)
+        defer_seconds if notice.status is NoticeStatus.SCHEDULED else 0.0,
+        ValidationCause(notice.cause))
 
 
 def job_health(cfg: RedactionConfig, placement: Placement, hosts: Mapping[str, HostState],

@@ -63,6 +63,9 @@ class Notice:
     deferred: float = 0.0
     #: The generation of the job's placement it was issued for.
     placement: int = 0
+    #: The start agreed in a maintenance negotiation (Unix time; 0: none), which the
+    #: host is told as it is told a deferral.
+    window: float = 0.0
 
     def belongs_to(self, placement: Placement | None) -> bool:
         """Whether ``placement`` (the job's current one) is the one it was issued for."""
@@ -76,16 +79,16 @@ class Notice:
 
     def decision(self) -> ValidationDecision | None:
         """What the host must know of the tenant's answers (None: nothing answered)."""
-        if not (self.approved or self.deferred):
+        if not (self.approved or self.deferred or self.window):
             return None
         return ValidationDecision(self.plan, self.job, approve=self.approved,
-                                  defer=self.deferred)
+                                  defer=self.deferred, start=self.window)
 
     def to_plain(self) -> dict[str, object]:
         return {"id": self.id, "tenant": self.tenant, "job": self.job, "host": self.host,
                 "plan": self.plan, "status": self.status.value, "not_before": self.not_before,
                 "pause": self.pause, "approved": self.approved, "deferred": self.deferred,
-                "placement": self.placement}
+                "placement": self.placement, "window": self.window}
 
     @classmethod
     def from_plain(cls, value: dict[str, object]) -> Notice:
@@ -93,7 +96,8 @@ class Notice:
                    str(value["host"]), str(value["plan"]), NoticeStatus(value["status"]),
                    float(value["not_before"]), float(value["pause"]),  # type: ignore[arg-type]
                    bool(value["approved"]), float(value["deferred"]),  # type: ignore[arg-type]
-                   int(value.get("placement", 0)))  # type: ignore[call-overload]
+                   int(value.get("placement", 0)),  # type: ignore[call-overload]
+                   float(value.get("window", 0.0)))  # type: ignore[arg-type]
 
 
 class Notices:
@@ -122,7 +126,8 @@ class Notices:
         """The host's notice as the tenant was told it (its answers are kept)."""
         old = self.by_id.get(notice.id)
         if old is not None and old.placement == notice.placement:
-            notice = replace(notice, approved=old.approved, deferred=old.deferred)
+            notice = replace(notice, approved=old.approved, deferred=old.deferred,
+                             window=old.window)
         self._put(notice)
 
     def full(self, host: str, job: str, per_host: int, per_job: int) -> bool:
@@ -160,6 +165,15 @@ class Notices:
         decision = notice.decision()
         assert decision is not None
         return decision
+
+    def settle_window(self, notice_id: str, start: float) -> ValidationDecision | None:
+        """A negotiated window for a notice still scheduled: the decision for its host
+        (None: the notice is gone or started)."""
+        notice = self.by_id.get(notice_id)
+        if notice is None or notice.status is not NoticeStatus.SCHEDULED:
+            return None
+        self._put(replace(notice, window=start))
+        return self.by_id[notice_id].decision()
 
     def defer_left(self, notice_id: str, max_defer: float) -> float:
         """Seconds the tenant may still defer the notice by."""

@@ -22,7 +22,7 @@ from harmonaize.specschema import Builder, first_paragraph, reachable, ref
 
 #: The spec's own version: the wire version, then a revision raised whenever a kind, a
 #: field or a code is added (what a client written against an older revision ignores).
-REVISION = 4
+REVISION = 5
 VERSION = f"{m.VERSION}.{REVISION}.0"
 
 #: Kinds a tenant receives, and the requests it sends (with their answers).

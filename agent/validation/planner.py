@@ -22,6 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from agent.gpu.interface import JobRef
+from agent.validation.causes import cause_of
+from harmonaize.maintenancetables import URGENCY
+from harmonaize.maintenancetables import ValidationCause as Cause
 
 #: Triggers that an operator asked for: exempt from cooldowns.
 OPERATOR_TRIGGERS = frozenset({"operator", "release"})
@@ -35,6 +38,8 @@ class Device:
     jobs: tuple[JobRef, ...] = ()
     #: Quarantined, and its recommended repair has evidently been done since.
     repaired: bool = False
+    #: Why the GPU domain holds it (its "Finding: message"), to name the condition.
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,10 @@ class Plan:
     #: Jobs that approved an early start, and jobs that deferred it (once each).
     approved: frozenset[str] = frozenset()
     deferred: frozenset[str] = frozenset()
+    #: The condition behind it, and when its jobs were first told (its wait's bound
+    #: counts from then).
+    cause: Cause = Cause.ROUTINE
+    issued_at: float = 0.0
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -148,7 +157,8 @@ class Planner:
                 self._numbered += 1
                 plan = Plan(device.key, device.gpu, level, trigger,
                             now + self.settings.notice_lead, pause, notices,
-                            f"{self.id_prefix}-{self._numbered}")
+                            f"{self.id_prefix}-{self._numbered}",
+                            cause=cause_of(device.state, device.why, trigger), issued_at=now)
                 self.scheduled[device.key] = plan
                 announced.append(plan)
             else:
@@ -192,15 +202,19 @@ class Planner:
         return cancelled
 
     def answer(self, plan_id: str, job: str, now: float, *, approve: bool = False,
-               defer: float = 0.0, max_defer: float = 0.0) -> tuple[Plan | None, str]:
+               defer: float = 0.0, max_defer: float = 0.0,
+               start: float = 0.0) -> tuple[Plan | None, str]:
         """A job's answer to its notice: (the plan as it now stands, or None; what was
         done or why nothing was). ``max_defer`` is what the job's declaration allows on
-        this host; a deferral beyond it is cut to it."""
+        this host; a deferral beyond it is cut to it. ``start`` is a window the job's
+        tenant negotiated: the plan starts then, if its condition may wait that long."""
         plan = next((p for p in self.scheduled.values() if p.id == plan_id), None)
         if plan is None:
             return None, "no such scheduled validation (it started or was cancelled)"
         if job not in plan.jobs:
             return None, f"job {job} was not told of this validation"
+        if start:
+            return self._window(plan, start, now)
         if approve:
             plan = replace(plan, approved=plan.approved | {job})
             if set(plan.jobs) <= plan.approved:
@@ -219,6 +233,20 @@ class Planner:
             why = f"deferred by {seconds:.0f} s"
         self.scheduled[plan.key] = plan
         return plan, why
+
+    def _window(self, plan: Plan, start: float, now: float) -> tuple[Plan | None, str]:
+        """A negotiated window: the controller settled it within the condition's bound;
+        the host checks the bound again (its own table, from when it told the jobs), so
+        no answer can hold an urgent validation back longer than its condition allows."""
+        latest = plan.issued_at + URGENCY[plan.cause].most_wait
+        if start > latest:
+            return None, (f"the window at {start:.0f} is later than a {plan.cause.value} "
+                          f"validation may wait (until {latest:.0f})")
+        if start == plan.start_at:
+            return plan, "the agreed window is the planned start"
+        moved = replace(plan, start_at=max(start, now))
+        self.scheduled[plan.key] = moved
+        return moved, f"moved to the agreed window at {moved.start_at:.0f}"
 
 
 def _notices(jobs: tuple[JobRef, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:

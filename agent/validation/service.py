@@ -155,7 +155,7 @@ class ValidationService:
                 quarantine.boot_id != self.boot
                 or self.engine.reset_seen(view.index) > quarantine.since)
             devices.append(Device(f"gpu:{view.index}", view.index, view.state.value,
-                                  view.jobs, repaired))
+                                  view.jobs, repaired, view.why))
         if any(s.scope == "host" for s in self.specs):
             devices.append(Device("host", None, "healthy"))
         return devices
@@ -200,7 +200,7 @@ class ValidationService:
         """Every job of the plan hears where it stands (the controller rebuilds it)."""
         for job, ranks in plan.notices:
             self.publish(ValidationNotice(job, ranks, round(plan.pause), plan.start_at,
-                                          plan.id, plan.start_at, status))
+                                          plan.id, plan.start_at, status, cause=plan.cause))
 
     @property
     def restored(self) -> bool:
@@ -218,9 +218,11 @@ class ValidationService:
         """A tenant's answer to a notice, from the controller: start early or later."""
         plan, why = self.planner.answer(
             decision.notice, decision.job, now, approve=decision.approve,
-            defer=decision.defer, max_defer=self.defer_allowance(decision.job))
+            defer=decision.defer, max_defer=self.defer_allowance(decision.job),
+            start=decision.start)
         log.info("job %s answered validation notice %s (%s): %s", decision.job,
-                 decision.notice, "approve" if decision.approve else "defer", why)
+                 decision.notice, "window" if decision.start else "approve"
+                 if decision.approve else "defer", why)
         if plan is not None:
             self._tell(plan, NoticeStatus.SCHEDULED)
             self._urgent = True  # an approval may start it at the next pass

@@ -16,10 +16,13 @@ from controller.negotiation import table
 from controller.negotiation.capacity import Record, Span, allowance, fit, peak, shares
 from controller.negotiation.checks import check_id, check_proposal, check_tenant
 from controller.negotiation.maintenance import (
+    URGENCY,
+    Cause,
     MaintenanceAnswer,
     MaintenanceBook,
     MaintenanceProposal,
     MaintenanceWindow,
+    Urgency,
 )
 from controller.negotiation.table import ANSWERABLE, NEGOTIATION, OPEN, Event
 from controller.negotiation.types import (
@@ -60,6 +63,8 @@ class Policy:
     offer_ttl: float = table.OFFER_TTL
     max_rounds: int = table.MAX_ROUNDS
     max_open: int = table.MAX_OPEN
+    #: How long each condition behind a maintenance window may wait.
+    urgency: dict[Cause, Urgency] = field(default_factory=lambda: dict(URGENCY))
 
 
 @dataclass
@@ -93,6 +98,9 @@ class Engine:
     closed: dict[Key, float] = field(default_factory=dict)
     records: dict[str, Record] = field(default_factory=dict)
     maintenance: MaintenanceBook = field(default_factory=MaintenanceBook)
+
+    def __post_init__(self) -> None:
+        self.maintenance.urgency = dict(self.policy.urgency)
 
     def step(self, inputs: Iterable[Input], now: float) -> tuple[list[Output], float | None]:
         out: list[Output] = []

@@ -19,38 +19,15 @@ from enum import StrEnum
 
 from controller.negotiation.checks import check_id
 from controller.negotiation.types import BadInput
+from harmonaize.maintenancetables import HOUR, URGENCY, Urgency
+from harmonaize.maintenancetables import ValidationCause as Cause
 from harmonaize.statemachine import Machine
 
-
-class Cause(StrEnum):
-    """The condition behind a notice, as coarse as the tenant may know it."""
-
-    GPU_FAULT = "gpu-fault"                        # a fatal XID the GPU recovered from
-    UNCORRECTABLE_MEMORY = "uncorrectable-memory"  # double-bit ECC, a failed row remap
-    THERMAL = "thermal"                            # throttling that recurs
-    LINK_DEGRADED = "link-degraded"                # an NVLink or NIC link losing lanes
-    CORRECTABLE_TREND = "correctable-trend"        # correctable ECC errors rising
-    ROUTINE = "routine"                            # a periodic check, nothing seen
+__all__ = ["HOUR", "MAX_WINDOWS", "RETAIN", "URGENCY", "Cause", "MState", "MaintenanceAnswer",
+           "MaintenanceBook", "MaintenanceProposal", "MaintenanceWindow", "Urgency",
+           "checkpoint_starts"]
 
 
-@dataclass(frozen=True)
-class Urgency:
-    #: The window starts at most this long after the notice was issued ...
-    most_wait: float
-    #: ... and at least this long after it is settled (the tenant's time to checkpoint).
-    least_notice: float
-
-
-HOUR = 3600.0
-#: How long each condition may wait, in one table (docs/tenant-guide.md repeats it).
-URGENCY: dict[Cause, Urgency] = {
-    Cause.GPU_FAULT: Urgency(1 * HOUR, 300.0),
-    Cause.UNCORRECTABLE_MEMORY: Urgency(4 * HOUR, 600.0),
-    Cause.THERMAL: Urgency(12 * HOUR, 900.0),
-    Cause.LINK_DEGRADED: Urgency(24 * HOUR, 1800.0),
-    Cause.CORRECTABLE_TREND: Urgency(72 * HOUR, HOUR),
-    Cause.ROUTINE: Urgency(168 * HOUR, HOUR),
-}
 #: Counter windows per answer.
 MAX_WINDOWS = 4
 #: A settled window is remembered for retries this long after it ends.
@@ -148,6 +125,8 @@ class Item:
 
 @dataclass
 class MaintenanceBook:
+    #: The bounds per condition (the operator's [negotiation] may shorten the table's).
+    urgency: dict[Cause, Urgency] = field(default_factory=lambda: dict(URGENCY))
     items: dict[str, Item] = field(default_factory=dict)
 
     def next_deadline(self) -> float | None:
@@ -168,7 +147,7 @@ class MaintenanceBook:
             raise BadInput("notice_id", "already proposed with another window")
         if not isinstance(p.cause, Cause):
             raise BadInput("cause", "one of " + ", ".join(c.value for c in Cause))
-        urgency = URGENCY[p.cause]
+        urgency = self.urgency[p.cause]
         latest = p.issued_at + urgency.most_wait
         if not (_finite(p.pause) and p.pause > 0):
             raise BadInput("pause", "more than 0 seconds")
@@ -198,7 +177,7 @@ class MaintenanceBook:
             raise BadInput("windows", "finite times in seconds")
         if len(a.windows) > MAX_WINDOWS:
             raise BadInput("windows", f"at most {MAX_WINDOWS}")
-        notice = URGENCY[item.proposal.cause].least_notice
+        notice = self.urgency[item.proposal.cause].least_notice
         fits = sorted(w for w in a.windows if now + notice <= w <= item.window.latest)
         if not a.windows:
             event, start = MEvent.ACCEPT, item.window.start

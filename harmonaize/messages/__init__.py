@@ -123,6 +123,7 @@ from harmonaize.messages.validation import (
     NoticeAction,
     NoticeStatus,
     ValidationAnswer,
+    ValidationCause,
     ValidationDecision,
     ValidationNotice,
 )
@@ -154,6 +155,6 @@ __all__ = [
     "ProgressState", "Protocol", "RankProgress", "Refusal", "Reply", "Resync", "Severity",
     "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend", "TuningAck",
     "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus", "Urgency",
-    "ValidationAnswer", "ValidationDecision", "ValidationNotice", "WireError", "audit",
-    "auditing", "decode", "encode", "kinds", "message", "registered",
+    "ValidationAnswer", "ValidationCause", "ValidationDecision", "ValidationNotice",
+    "WireError", "audit", "auditing", "decode", "encode", "kinds", "message", "registered",
 ]

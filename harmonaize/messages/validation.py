@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
 
+from harmonaize.maintenancetables import ValidationCause
 from harmonaize.messages.core import (
     Category,
     Message,
@@ -56,6 +57,9 @@ class ValidationNotice(Message):
     status: NoticeStatus = NoticeStatus.SCHEDULED
     #: Seconds the tenant may still defer it by (0: it cannot be deferred, or was already).
     defer_seconds: Seconds = 0.0
+    #: The condition behind it, which bounds how long it may wait (a negotiated window
+    #: starts within the bound; see "Negotiating capacity and maintenance").
+    cause: ValidationCause = ValidationCause.ROUTINE
 
 
 class NoticeAction(StrEnum):
@@ -82,9 +86,13 @@ class ValidationDecision(Message):
     ``notice`` is the host's own id of the plan. ``approve`` lets it start now (once
     every job on the device has approved); ``defer`` pushes its start back by that
     many seconds (once per job, within the job's declared ``max_validation_defer``,
-    which the host checks again)."""
+    which the host checks again); ``start`` is the window the tenant and the provider
+    agreed on in a maintenance negotiation (Unix time; the host checks it against its
+    condition's bound)."""
 
     notice: Ident
     job: Ident
     approve: bool = False
     defer: Seconds = 0.0
+    #: The agreed start of the pause (Unix time; 0: none agreed).
+    start: Timestamp = 0.0
