@@ -71,7 +71,8 @@ class AgentMessages(CoreState):
         def _released_capacity(self, topic: str, body: PoolCapacity, wall: float) -> None: ...
         def _maintenance_window(self, notice_id: str, tenant: str, job: str, *,
                                 start: float, pause: float, wall: float,
-                                cause: ValidationCause = ...) -> None: ...
+                                cause: ValidationCause = ...,
+                                checkpoints: tuple[float, float] = ...) -> None: ...
 
     # --- agents ------------------------------------------------------------------------
 
@@ -200,9 +201,11 @@ class AgentMessages(CoreState):
                                    body.status, body.not_before, body.pause_seconds,
                                    placement=placement.generation))
         if body.status is NoticeStatus.SCHEDULED:
+            cadence = (declared[1].checkpoint_every, declared[1].last_checkpoint
+                       ) if declared else (0.0, 0.0)
             self._maintenance_window(notice_id, placement.tenant, notice.job,
                                      start=body.not_before, pause=float(body.pause_seconds),
-                                     wall=wall, cause=body.cause)
+                                     wall=wall, cause=body.cause, checkpoints=cadence)
         return None
 
     def _reachable(self, now: float) -> set[str]:

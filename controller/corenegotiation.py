@@ -215,18 +215,23 @@ class NegotiationPart:
                                                 wall)], wall)
 
     def _maintenance_window(self, notice_id: str, tenant: str, job: str, *, start: float,
-                            pause: float, wall: float, cause: Cause = Cause.ROUTINE) -> None:
+                            pause: float, wall: float, cause: Cause = Cause.ROUTINE,
+                            checkpoints: tuple[float, float] = (0.0, 0.0)) -> None:
         """A new validation notice for a tenant that negotiates: its window, proposed,
         bounded by the urgency of the condition the host named. A notice that gives less
         than the condition's least notice is not negotiable (approve and defer still are):
-        the host's own lead ([validation] notice_lead) decides which notices can be."""
+        the host's own lead ([validation] notice_lead) decides which notices can be.
+        ``checkpoints`` is the job's declared cadence and one checkpoint's time: the
+        window is proposed at the next checkpoint."""
         if tenant not in self.negotiation.policy.weights or \
                 notice_id in self.negotiation.maintenance.items or pause <= 0:
             return
         if start < wall + self.negotiation.maintenance.urgency[cause].least_notice:
             return
-        self._step_negotiation([MaintenanceProposal(notice_id, tenant, job, cause,
-                                                    start, pause, wall)], wall)
+        every, last = checkpoints
+        self._step_negotiation([MaintenanceProposal(
+            notice_id, tenant, job, cause, start, pause, wall, every,
+            last if every > 0 and last > 0 else None)], wall)
 
     def _windows_settled(self, outputs: list[Output]) -> None:
         """Settled maintenance windows reach their hosts as a deferral does: the notice

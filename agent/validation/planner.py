@@ -62,6 +62,8 @@ class Plan:
     #: counts from then).
     cause: Cause = Cause.ROUTINE
     issued_at: float = 0.0
+    #: The window its jobs' tenant negotiated and the host took (0: none).
+    window: float = 0.0
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -243,8 +245,10 @@ class Planner:
             return None, (f"the window at {start:.0f} is later than a {plan.cause.value} "
                           f"validation may wait (until {latest:.0f})")
         if start == plan.start_at:
+            plan = replace(plan, window=start)
+            self.scheduled[plan.key] = plan
             return plan, "the agreed window is the planned start"
-        moved = replace(plan, start_at=max(start, now))
+        moved = replace(plan, start_at=max(start, now), window=start)
         self.scheduled[plan.key] = moved
         return moved, f"moved to the agreed window at {moved.start_at:.0f}"
 

@@ -358,7 +358,8 @@ class ValidationService:
             "running": sorted(self.runner.running),
             "scheduled": {k: {"level": p.level, "trigger": p.trigger, "starts_at": p.start_at,
                               "notice": p.id, "jobs": list(p.jobs),
-                              "approved": sorted(p.approved), "deferred": sorted(p.deferred)}
+                              "approved": sorted(p.approved), "deferred": sorted(p.deferred),
+                              "cause": p.cause.value, "window": p.window}
                           for k, p in self.planner.scheduled.items()},
             "requested": sorted(self.planner.requests),
             "waiting": dict(self.planner.waiting),

@@ -19,6 +19,7 @@ from harmonaize.schema import (
     Len,
     Name,
     Num,
+    Timestamp,
 )
 
 Port = Annotated[int, Num(1, 65535)]
@@ -67,3 +68,7 @@ class JobDeclaration(Message):
     max_validation_defer: Annotated[float, Num(0.0, 86400.0)] = 0.0
     #: The slowdown the job accepts for energy (GPU power limits); none: never.
     energy: EnergyAllowance | None = None
+    #: How often the job checkpoints (seconds; 0: not said) and when it did once (Unix
+    #: time): a negotiated maintenance window is proposed at its next checkpoint.
+    checkpoint_every: Annotated[float, Num(0.0, 604_800.0)] = 0.0
+    last_checkpoint: Timestamp = 0.0

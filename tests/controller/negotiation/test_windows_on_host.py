@@ -1,0 +1,139 @@
+"""A negotiated maintenance window reaches the host: a real controller, a real agent on
+fake GPUs, the tenant's own client. The host names the condition behind a validation;
+the tenant counters the provider's window with its checkpoints; an agreed window moves
+the host's validation there (it starts then, not at the host's own lead), and a counter
+later than an urgent condition may wait is overridden: the host keeps its start.
+
+The host announces every validation ten minutes ahead ([validation] notice_lead), so
+nothing starts within a test unless a window moves it; the controller gives each
+condition a second of least notice (the tenant's time to checkpoint), so a test's
+checkpoints can lie seconds ahead."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.negotiation.maintenance import checkpoint_starts
+from harmonaize import messages as m
+from harmonaize.maintenancetables import URGENCY, ValidationCause
+from harmonaize.tenant.client import FeedClient
+from testbed.fakegpu import FakeNvml
+from tests.agent.validation.test_agent import FAKE_CHECK, finished
+from tests.conftest import Spawn, needs_root
+from tests.daemons import (
+    NO_LINKS,
+    Agent,
+    fake_gpus,
+    gpu_section,
+    start_agent,
+    start_controller,
+    tenant_feed,
+    wait_until,
+)
+from tests.tenant.test_notices import next_notice
+
+pytestmark = [pytest.mark.negotiation, pytest.mark.validation, needs_root]
+
+JOB = "job-7"
+GPU = 6
+NEGOTIATION = ("[negotiation]\nweights = { acme = 1.0 }\n"
+               + "least_notice = { " + ", ".join(f'"{c.value}" = 1' for c in ValidationCause)
+               + " }\n")
+
+
+@contextmanager
+def host_with_job(spawn: Spawn, workdir: Path
+                  ) -> Iterator[tuple[Agent, FakeNvml, FeedClient]]:
+    """A host running acme's job on one GPU, its validations announced ten minutes
+    ahead; acme's client on the job's topic, its declaration sent."""
+    controller = start_controller(spawn, workdir, NEGOTIATION)
+    control = workdir / "control"
+    control.mkdir()
+    (control / "behaviour.all").write_text("print metric gflops 100\n")
+    fake, env = fake_gpus(workdir)
+    validation = ("[validation]\ncooldown = 3600\nnotice_lead = 600\n"
+                  "[[validation.commands]]\nname = \"burn\"\n"
+                  f'command = ["{sys.executable}", "{FAKE_CHECK}", "{control}", "{{gpu}}"]\n'
+                  'parser = "metrics"\nlevels = [2, 3]\nbudget = 5\n')
+    agent = start_agent(spawn, workdir, "g1", endpoint=controller.listen, env=env,
+                        links=NO_LINKS + gpu_section() + validation)
+    tenant = spawn([sys.executable, "-c", "import time; time.sleep(600)"],
+                   env={**os.environ, "HARMONAIZE_JOB": JOB, "RANK": "3"})
+    fake.set(GPU, processes={tenant.pid: 1 << 30})
+    wait_until(lambda: any(g["jobs"] for g in agent.request("health")["gpus"]),
+               what="the job")
+    controller.request("place", {"job": JOB, "tenant": "acme",
+                                 "members": [{"name": "3", "host": "g1"}]})
+    with tenant_feed(controller, [f"job/acme/{JOB}/"]) as acme:
+        acme.declare(m.JobDeclaration(JOB, max_validation_pause=600, revision=1))
+        yield agent, fake, acme
+
+
+def proposed_window(acme: FeedClient, notice: m.ValidationNotice) -> m.Negotiated:
+    """The provider's window for the notice, as acme lists it."""
+    return wait_until(lambda: next((n for n in acme.negotiations()
+                                    if n.request_id == notice.id), None),
+                      what="the provider's window")
+
+
+def test_an_agreed_window_at_a_checkpoint_moves_the_hosts_validation(
+        spawn: Spawn, workdir: Path) -> None:
+    with host_with_job(spawn, workdir) as (agent, fake, acme):
+        fake.set(GPU, ecc_sbe_volatile=900)  # correctable errors climbing: suspect
+        told = next_notice(acme)
+        assert told.cause is ValidationCause.CORRECTABLE_TREND
+        assert told.not_before > time.time() + 500  # the host's own lead
+        window = proposed_window(acme, told)
+        assert (window.outcome, window.state) == (m.Outcome.WINDOW, "proposed")
+        assert window.start == pytest.approx(told.not_before, abs=0.01)
+        assert window.end - window.start == told.pause_seconds
+        # The job checkpoints every 5 s: it offers its next checkpoints, 5 s ahead at least.
+        now = time.time()
+        checkpoints = checkpoint_starts(now, 5.0, now + 5.0, window.expires_at)
+        assert len(checkpoints) == 4
+        settled = acme.counter_window(told.id, checkpoints)
+        assert (settled.state, settled.start) == ("agreed", checkpoints[0])
+        # The host moved its validation to the checkpoint and tells the job so ...
+        moved = next_notice(acme, told)
+        assert (moved.id, moved.status) == (told.id, m.NoticeStatus.SCHEDULED)
+        assert moved.not_before == pytest.approx(checkpoints[0], abs=0.01)
+        # ... and it starts then, not ten minutes after it was announced.
+        started = next_notice(acme, moved)
+        while started.status is m.NoticeStatus.SCHEDULED:
+            started = next_notice(acme, started)
+        assert (started.id, started.status) == (told.id, m.NoticeStatus.STARTED)
+        (run,) = wait_until(lambda: finished(agent), what="the validation at the window")
+        assert run["target"] == f"gpu:{GPU}" and run["started"] >= checkpoints[0]
+
+
+def test_an_urgent_condition_overrides_a_late_window(spawn: Spawn, workdir: Path) -> None:
+    with host_with_job(spawn, workdir) as (agent, fake, acme):
+        fake.set(GPU, remap_pending=1)  # after an uncorrectable error: a remap waits
+        told = next_notice(acme)
+        assert told.cause is ValidationCause.UNCORRECTABLE_MEMORY
+        window = proposed_window(acme, told)
+        bound = URGENCY[ValidationCause.UNCORRECTABLE_MEMORY].most_wait
+        assert window.expires_at <= time.time() + bound
+        # The job's next checkpoint is later than the condition may wait: overridden.
+        settled = acme.counter_window(told.id, [window.expires_at + 3600.0])
+        assert settled.state == "overridden"
+        assert settled.start == pytest.approx(told.not_before, abs=0.01)
+        # The host heard the window and keeps its own start; nothing ran.
+        plan = wait_until(lambda: next((p for p in scheduled(agent).values()
+                                        if p["window"]), None), what="the host's window")
+        assert plan["cause"] == ValidationCause.UNCORRECTABLE_MEMORY.value
+        assert plan["starts_at"] == pytest.approx(told.not_before, abs=0.01)
+        assert plan["window"] == plan["starts_at"]
+        assert finished(agent) is None
+
+
+def scheduled(agent: Agent) -> dict[str, dict[str, Any]]:
+    return agent.request("status")["validation"]["scheduled"]
