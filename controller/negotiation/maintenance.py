@@ -125,9 +125,9 @@ class Item:
 
 @dataclass
 class MaintenanceBook:
+    items: dict[str, Item] = field(default_factory=dict)
     #: The bounds per condition (the operator's [negotiation] may shorten the table's).
     urgency: dict[Cause, Urgency] = field(default_factory=lambda: dict(URGENCY))
-    items: dict[str, Item] = field(default_factory=dict)
 
     def next_deadline(self) -> float | None:
         return min((i.until for i in self.items.values()), default=None)

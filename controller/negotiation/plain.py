@@ -96,7 +96,7 @@ def from_plain(policy: Policy, data: dict[str, Any]) -> Engine:
             _load_answer(n["answer"]), n["started_at"])
     engine.closed = {(t, r): until for t, r, until in data["closed"]}
     engine.records = {t: Record(**r) for t, r in data["records"].items()}
-    book = MaintenanceBook(dict(policy.urgency))
+    book = MaintenanceBook(urgency=dict(policy.urgency))
     for i in data["maintenance"]:
         p = dict(i["proposal"], cause=Cause(i["proposal"]["cause"]))
         w = dict(i["window"], state=MState(i["window"]["state"]))
