@@ -100,8 +100,10 @@ class TestCluster:
     __test__ = False  # not a pytest class
 
     def __init__(self, lab: Lab, workdir: Path, *, agent_overrides: str = "",
-                 controller_overrides: str = "") -> None:
+                 controller_overrides: str = "", notice_lead: float = 2.0) -> None:
         self.lab = lab
+        #: Seconds ahead the agents announce a validation of a GPU a job uses.
+        self.notice_lead = notice_lead
         self.workdir = workdir
         self.agent_overrides = agent_overrides
         self.controller_overrides = controller_overrides
@@ -175,7 +177,8 @@ class TestCluster:
                            f'kmsg_path = "{kmsg.path}"\n')
             # A burn test with this GPU class's baseline, as an operator would configure.
             validation = (
-                "[validation]\nnotice_lead = 2\n[[validation.commands]]\nname = \"burn\"\n"
+                f"[validation]\nnotice_lead = {self.notice_lead:g}\n"
+                "[[validation.commands]]\nname = \"burn\"\n"
                 f'command = ["{sys.executable}", "-m", "testbed.burn", "{{gpu}}"]\n'
                 'parser = "metrics"\nbudget = 30\nbaselines = { tflops = 989 }\n'
             )

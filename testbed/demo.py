@@ -4,7 +4,8 @@ A controller, two GPU hosts and a tenant, each in its own network namespace on
 one bridge. The tenant watches its feed while hosts join, an operator looks at
 a host, one host's agent stops and comes back; a job's rank hits an XID of its own
 making, which quarantines nothing; a rank stops and the job's owner is told which
-(:mod:`testbed.demojobhealth`). Then a Slurm act
+(:mod:`testbed.demojobhealth`); a reservation negotiated in rounds and a maintenance
+window moved to a checkpoint (:mod:`testbed.demonegotiation`). Then a Slurm act
 (:mod:`testbed.demoslurm`): a job placed by Slurm alone, its GPU failing,
 the node drained in Slurm, the reset, the validation, the resume. Everything is torn
 down at the end, also on Ctrl-C or an error.
@@ -23,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed import demojobhealth, demoslurm
-from testbed.cluster import TenantWatcher, TestCluster, Timeout, wait_until
+from testbed import demojobhealth, demonegotiation, demoslurm
+from testbed.cluster import SMALL_CLUSTER, TenantWatcher, TestCluster, Timeout, wait_until
 from testbed.narrate import capacity_is, indent, say, show_tenant
 from testbed.netns import Lab
 from testbed.ranks import RankKit, RankProcess, disagreement, issued, stop
@@ -103,6 +104,8 @@ def scenario(cluster: TestCluster) -> None:
     tenant.wait_for(capacity_is(1, 1), 20, "h1 counted down", on_message=show_tenant)
     print(f"   counted down after {time.monotonic() - began:.1f} s "
           "(3 missed heartbeats of 1 s)", flush=True)
+
+    demonegotiation.act(cluster)
 
 
 def switches(rank: RankProcess) -> str:
@@ -233,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say("creating hosts as network namespaces: " + ", ".join(HOSTS))
         with Lab(HOSTS, tag="demo") as lab:
-            scenario(TestCluster(lab, workdir))
+            scenario(TestCluster(
+                lab, workdir, controller_overrides=SMALL_CLUSTER + demonegotiation.CONTROLLER,
+                notice_lead=demonegotiation.NOTICE_LEAD))
             say("tearing down: stopping every process, deleting the namespaces")
         demoslurm.act(workdir)
         say("tearing down: stopping every process and Slurm's daemons")

@@ -141,8 +141,9 @@ class Planner:
         for device in sorted(by_key.values(), key=lambda d: d.key):
             if busy >= self.settings.max_parallel:
                 break
-            if device.key in running or device.key in self.scheduled:
-                continue
+            if (device.key in running or device.key in self.scheduled
+                    or any(p.key == device.key for p in starts)):
+                continue  # one at a time: a plan starting now is not planned again
             wanted = self._wanted(device, now, last_done)
             if wanted is None:
                 continue

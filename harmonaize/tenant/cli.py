@@ -227,6 +227,9 @@ def _negotiate(args: argparse.Namespace) -> int:
         print(f"harmonaize-tenant: negotiate {args.step} needs --pool, --class, --min, "
               "--max, --earliest, --latest and --duration", file=sys.stderr)
         return 2
+    if args.at and args.step != "window":
+        print("harmonaize-tenant: --at is for negotiate window", file=sys.stderr)
+        return 2
     if args.step in ("accept", "reject", "counter") and not args.offer:
         print(f"harmonaize-tenant: negotiate {args.step} needs --offer OFFER_ID",
               file=sys.stderr)
@@ -247,6 +250,8 @@ def _negotiate(args: argparse.Namespace) -> int:
                 answers = (feed.accept(args.request, args.offer, timeout=args.timeout),)
             elif args.step == "reject":
                 answers = (feed.reject(args.request, args.offer, timeout=args.timeout),)
+            elif args.step == "window":
+                answers = (feed.counter_window(args.request, args.at, timeout=args.timeout),)
             else:
                 answers = (feed.release(args.request, timeout=args.timeout),)
         except RequestError as exc:
@@ -261,11 +266,16 @@ def _negotiate(args: argparse.Namespace) -> int:
 def _negotiate_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     negotiate = sub.add_parser(
         "negotiate", parents=[common],
-        help="reserve capacity in rounds: propose, counter, accept, reject, release, list")
+        help="reserve capacity in rounds (propose, counter, accept, reject, release, list), "
+        "or answer a validation notice's maintenance window (window)")
     negotiate.add_argument("step", choices=["propose", "counter", "accept", "reject",
-                                            "release", "list"])
+                                            "release", "list", "window"])
     negotiate.add_argument("request", nargs="?", help="your request id (1-64 of A-Z a-z "
-                           "0-9 . _ : -): the negotiation's name in every step")
+                           "0-9 . _ : -): the negotiation's name in every step; for "
+                           "window, the validation notice's id")
+    negotiate.add_argument("--at", type=_when, action="append", default=[],
+                           help="window: a start you counter with (your checkpoint; up to "
+                           "4, each Unix seconds or +SECONDS); none accepts the provider's")
     negotiate.add_argument("--offer", help="the offer's id (accept, reject, counter)")
     negotiate.add_argument("--pool")
     negotiate.add_argument("--class", dest="gpu_class", help="the GPU class")

@@ -55,8 +55,9 @@ def test_an_agreed_window_moves_the_plan_and_it_starts_then() -> None:
     device = Device("gpu:2", 2, "suspect", (JobRef("job-a", "5"),))
     step = dict(running=set(), last_done={}, allowance=lambda job: 600.0)
     assert planner.step([device], T0 + 59, **step) == ([], [])
-    starts, _ = planner.step([device], T0 + 60, **step)
-    assert [p.id for p in starts] == [plan_id]
+    starts, announced = planner.step([device], T0 + 60, **step)
+    # it starts, and the device (still suspect) is not planned again while it does
+    assert [p.id for p in starts] == [plan_id] and announced == []
 
 
 def test_a_window_past_the_conditions_bound_is_refused_by_the_host() -> None:
