@@ -42,9 +42,11 @@ from controller.negotiation.types import (
     Reject,
     Release,
     Started,
+    State,
 )
 from controller.negotiation.types import Cancel as CancelHold
 from controller.outputs import AnswerTenant, SendToAgent
+from controller.redactionconfig import Mode
 from harmonaize.messages import (
     ErrorCode,
     MaintenanceCounter,
@@ -52,6 +54,7 @@ from harmonaize.messages import (
     Negotiated,
     NegotiationAccept,
     NegotiationCounter,
+    NegotiationExpired,
     NegotiationList,
     NegotiationPropose,
     NegotiationReject,
@@ -66,6 +69,8 @@ if TYPE_CHECKING:
     from controller.config import NegotiationSection
     from controller.notices import Notices
     from controller.outputs import Output as CoreOutput
+    from controller.publications import Publications
+    from controller.redaction import Redactor
 
 log = logging.getLogger("harmonaize.controller")
 
@@ -148,6 +153,8 @@ class NegotiationPart:
     _held: list[CoreOutput]
     notices: Notices
     cluster: Cluster
+    feed: Publications
+    redactor: Redactor
 
     if TYPE_CHECKING:  # in controller/core.py
         def _release(self) -> list[CoreOutput]: ...
@@ -196,6 +203,7 @@ class NegotiationPart:
         outputs, _ = self.negotiation.step(inputs, wall)
         self._dirty_tenants |= {_key_of(o)[0] for o in outputs if _key_of(o)[0]}
         self._windows_settled(outputs)
+        self._tell_expired(outputs, wall)
         for out in outputs:
             if isinstance(out, Error):
                 log.warning("negotiation: %s refused: %s", out.tenant or "(controller)", out)
@@ -232,6 +240,20 @@ class NegotiationPart:
         self._step_negotiation([MaintenanceProposal(
             notice_id, tenant, job, cause, start, pause, wall, every,
             last if every > 0 and last > 0 else None)], wall)
+
+    def _tell_expired(self, outputs: list[Output], wall: float) -> None:
+        """Each tenant hears of its offers that lapsed and its holds that ended unused, on
+        its own negotiation topic (after the Commit that stores the expiry)."""
+        if self.redactor.cfg.mode is Mode.NONE:
+            return  # no feed at all
+        for out in outputs:
+            if not (isinstance(out, Closed) and out.state is State.EXPIRED):
+                continue
+            n = self.negotiation.negotiations.get((out.tenant, out.request_id))
+            what = "hold" if n is not None and n.hold is not None else "offer"
+            self._held += self.feed.publish(
+                NegotiationExpired(out.request_id, what, wall, out.charged),
+                negotiation_topic(out.tenant), wall)
 
     def _windows_settled(self, outputs: list[Output]) -> None:
         """Settled maintenance windows reach their hosts as a deferral does: the notice
@@ -279,6 +301,12 @@ class NegotiationPart:
         """The engine's next expiry on the core's clock."""
         due = self.negotiation.next_deadline()
         return None if due is None else due - self._wall_offset
+
+
+def negotiation_topic(tenant: str) -> str:
+    """A tenant's own topic for its negotiations: under its job topics (a subscription
+    to ``job/<tenant>/`` has it) and no job's, as no job's name starts with ``@``."""
+    return f"job/{tenant}/@negotiation/"
 
 
 def _key_of(item: Output) -> tuple[str, str]:

@@ -27,7 +27,7 @@ VERSION = f"{m.VERSION}.{REVISION}.0"
 
 #: Kinds a tenant receives, and the requests it sends (with their answers).
 RECEIVED = ("pool-capacity", "job-advisory", "job-health", "validation-notice",
-            "job-progress", "application-xid")
+            "job-progress", "application-xid", "negotiation-expired")
 REQUESTS = {"subscribe": "subscribed", "job-declaration": "reply",
             "validation-answer": "reply", "negotiation-propose": "reply",
             "negotiation-counter": "reply", "negotiation-accept": "reply",
@@ -228,6 +228,13 @@ def document() -> dict[str, Any]:
                                        "it"}},
                 "messages": refs("job-advisory", "job-health", "validation-notice",
                                  "job-progress", "application-xid"),
+            },
+            "negotiation": {
+                "address": "job/{tenant}/@negotiation/",
+                "description": "Your negotiations' expiries (under job/{tenant}/, no job's "
+                               "name: job names start with a letter or digit).",
+                "parameters": {"tenant": {"description": "you"}},
+                "messages": refs("negotiation-expired"),
             },
             "gateway": {
                 "address": None,

@@ -156,3 +156,19 @@ class Negotiated:
 class NegotiationList(Message):
     """Ask for your negotiations, holds and maintenance windows as they stand (the
     answer's ``negotiation`` lists them)."""
+
+
+@message("negotiation-expired", Category.EVENT)
+@dataclass(frozen=True)
+class NegotiationExpired(Message):
+    """One of your negotiations ran out, published on ``job/<you>/@negotiation/``: an
+    offer you did not accept in time (its GPUs are back in what can be offered), or a
+    hold no placement named by its no-show time (charged to your record)."""
+
+    request_id: Ident
+    #: ``offer`` (an offer or a counter lapsed) or ``hold`` (a no-show).
+    expired: Name
+    #: When it expired (Unix time).
+    at: Timestamp
+    #: GPU-seconds charged to your record (a hold's no-show).
+    charged: Annotated[float, Num(0.0, 1e15)] = 0.0

@@ -18,7 +18,7 @@ TENANT_KINDS = frozenset({"subscribe", "job-declaration", "validation-answer",
                           "maintenance-counter"})
 #: What the controller sends a tenant on its feed.
 FEED_KINDS = frozenset({"pool-capacity", "job-advisory", "job-health", "validation-notice",
-                        "job-progress", "application-xid",
+                        "job-progress", "application-xid", "negotiation-expired",
                         "subscribed", "reply"})
 #: Every kind a tenant sends or receives: what the wire audit records.
 TENANT_FACING = FEED_KINDS | TENANT_KINDS
