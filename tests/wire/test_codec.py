@@ -31,6 +31,11 @@ SAMPLES: list[m.Message] = [
     m.ValidationNotice("job-7", ("3",), 120, 1_700_000_030.0, "vn-00ff", 1_700_000_030.0,
                        m.NoticeStatus.SCHEDULED, 600.0),
     m.ValidationDecision("v18c-3", "job-7", approve=True),
+    m.ValidationDecision("v18c-4", "job-7", start=1_700_001_800.0),
+    m.ValidationNotice("job-7", ("3",), 120, 1_700_000_030.0, "v18c-4", 1_700_000_030.0,
+                       cause=m.ValidationCause.UNCORRECTABLE_MEMORY),
+    m.JobDeclaration("job-7", 300.0, revision=3, checkpoint_every=1800.0,
+                     last_checkpoint=1_700_000_000.0),
     m.ValidationAnswer("vn-00ff", m.NoticeAction.DEFER, 300.0),
     m.Ack(41),
     m.JobDeclaration("job-7", 300.0, (m.TuningRange(
@@ -65,6 +70,7 @@ SAMPLES: list[m.Message] = [
     m.NegotiationRelease("r1"),
     m.NegotiationList(),
     m.MaintenanceCounter("vn-00ff", (1_700_001_800.0, 1_700_005_400.0)),
+    m.NegotiationExpired("r1", "hold", 1_700_004_500.0, 28_800.0),
     m.Reply(5, True, negotiation=(m.Negotiated(
         m.Outcome.COUNTER, "r1", "of-0123", 2, 1_700_000_600.0, 1_700_004_200.0,
         1_700_000_120.0, 1, departs="count"),)),

@@ -11,7 +11,9 @@ checkpoints can lie seconds ahead."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,8 +33,10 @@ from tests.conftest import Spawn, needs_root
 from tests.daemons import (
     NO_LINKS,
     Agent,
+    Controller,
     fake_gpus,
     gpu_section,
+    keyring,
     start_agent,
     start_controller,
     tenant_feed,
@@ -51,7 +55,7 @@ NEGOTIATION = ("[negotiation]\nweights = { acme = 1.0 }\n"
 
 @contextmanager
 def host_with_job(spawn: Spawn, workdir: Path
-                  ) -> Iterator[tuple[Agent, FakeNvml, FeedClient]]:
+                  ) -> Iterator[tuple[Agent, FakeNvml, FeedClient, Controller]]:
     """A host running acme's job on one GPU, its validations announced ten minutes
     ahead; acme's client on the job's topic, its declaration sent."""
     controller = start_controller(spawn, workdir, NEGOTIATION)
@@ -74,7 +78,16 @@ def host_with_job(spawn: Spawn, workdir: Path
                                  "members": [{"name": "3", "host": "g1"}]})
     with tenant_feed(controller, [f"job/acme/{JOB}/"]) as acme:
         acme.declare(m.JobDeclaration(JOB, max_validation_pause=600, revision=1))
-        yield agent, fake, acme
+        yield agent, fake, acme, controller
+
+
+def tenant_cli(controller: Controller, *args: str) -> subprocess.CompletedProcess[str]:
+    """``harmonaize-tenant negotiate ARGS`` as acme."""
+    creds = keyring(controller.workdir).tenant("acme")
+    return subprocess.run(
+        [sys.executable, "-m", "harmonaize.tenant.cli", "negotiate", *args, "--feed",
+         controller.feed, "--key", str(creds.key), "--server-key", str(creds.server_key)],
+        capture_output=True, text=True, timeout=60, check=False)
 
 
 def proposed_window(acme: FeedClient, notice: m.ValidationNotice) -> m.Negotiated:
@@ -86,7 +99,7 @@ def proposed_window(acme: FeedClient, notice: m.ValidationNotice) -> m.Negotiate
 
 def test_an_agreed_window_at_a_checkpoint_moves_the_hosts_validation(
         spawn: Spawn, workdir: Path) -> None:
-    with host_with_job(spawn, workdir) as (agent, fake, acme):
+    with host_with_job(spawn, workdir) as (agent, fake, acme, _):
         fake.set(GPU, ecc_sbe_volatile=900)  # correctable errors climbing: suspect
         told = next_notice(acme)
         assert told.cause is ValidationCause.CORRECTABLE_TREND
@@ -115,17 +128,23 @@ def test_an_agreed_window_at_a_checkpoint_moves_the_hosts_validation(
 
 
 def test_an_urgent_condition_overrides_a_late_window(spawn: Spawn, workdir: Path) -> None:
-    with host_with_job(spawn, workdir) as (agent, fake, acme):
+    with host_with_job(spawn, workdir) as (agent, fake, acme, controller):
         fake.set(GPU, remap_pending=1)  # after an uncorrectable error: a remap waits
         told = next_notice(acme)
         assert told.cause is ValidationCause.UNCORRECTABLE_MEMORY
         window = proposed_window(acme, told)
         bound = URGENCY[ValidationCause.UNCORRECTABLE_MEMORY].most_wait
         assert window.expires_at <= time.time() + bound
-        # The job's next checkpoint is later than the condition may wait: overridden.
-        settled = acme.counter_window(told.id, [window.expires_at + 3600.0])
-        assert settled.state == "overridden"
-        assert settled.start == pytest.approx(told.not_before, abs=0.01)
+        # The job's next checkpoint is later than the condition may wait: overridden
+        # (countered from the command line; --at belongs to the window step only).
+        misuse = tenant_cli(controller, "list", "--at", "+60")
+        assert misuse.returncode == 2 and misuse.stderr.count("\n") == 1, misuse.stderr
+        done = tenant_cli(controller, "window", told.id, "--at",
+                          f"{window.expires_at + 3600.0:.3f}", "--json")
+        assert done.returncode == 0, done.stderr
+        settled = json.loads(done.stdout)
+        assert (settled["outcome"], settled["state"]) == ("window", "overridden")
+        assert settled["start"] == pytest.approx(told.not_before, abs=0.01)
         # The host heard the window and keeps its own start; nothing ran.
         plan = wait_until(lambda: next((p for p in scheduled(agent).values()
                                         if p["window"]), None), what="the host's window")
