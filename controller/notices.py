@@ -154,6 +154,9 @@ class Notices:
             if notice.deferred:
                 return (ErrorCode.NOT_DEFERRABLE,
                         f"notice {notice.id} was deferred once already")
+            if notice.window:
+                return (ErrorCode.NOT_DEFERRABLE, f"notice {notice.id} has a negotiated "
+                        "maintenance window: it starts then, or earlier if you approve")
             if max_defer <= 0:
                 return (ErrorCode.NOT_DEFERRABLE, f"job {notice.job}'s declaration allows "
                         "no deferral (max_validation_defer)")
@@ -178,7 +181,7 @@ class Notices:
     def defer_left(self, notice_id: str, max_defer: float) -> float:
         """Seconds the tenant may still defer the notice by."""
         notice = self.by_id.get(notice_id)
-        if notice is not None and (notice.deferred or notice.status is not
+        if notice is not None and (notice.deferred or notice.window or notice.status is not
                                    NoticeStatus.SCHEDULED):
             return 0.0
         return max_defer

@@ -217,7 +217,11 @@ class Planner:
         if job not in plan.jobs:
             return None, f"job {job} was not told of this validation"
         if start:
-            return self._window(plan, start, now)
+            # The window supersedes a deferral; an approval still starts it early.
+            moved, why = self._window(plan, start, now)
+            if moved is None or not approve:
+                return moved, why
+            plan = moved
         if approve:
             plan = replace(plan, approved=plan.approved | {job})
             if set(plan.jobs) <= plan.approved:

@@ -68,3 +68,10 @@ def test_a_window_past_the_conditions_bound_is_refused_by_the_host() -> None:
     assert planner.scheduled["gpu:2"].start_at == T0 + 600.0
     plan, _ = planner.answer(plan_id, "job-a", T0 + 5, start=bound)
     assert plan is not None and plan.start_at == bound
+
+
+def test_an_approval_after_a_window_still_starts_it_now() -> None:
+    planner, plan_id = planned("EccCorrectableRate: climbing")
+    # What the controller sends once the window is agreed and the job then approves.
+    plan, why = planner.answer(plan_id, "job-a", T0 + 5, start=T0 + 60, approve=True)
+    assert plan is not None and plan.start_at == T0 + 5, why

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.core import ControllerCore
+from controller.notices import Notice, Notices
 from controller.outputs import AgentPeer, AnswerTenant, Commit, SendToAgent, TenantPeer
 from controller.store import Store
 from controller.types import Member, Placement
@@ -98,3 +99,19 @@ def test_a_window_agreed_at_a_checkpoint_goes_to_the_host(tmp_path: Path) -> Non
         m.MaintenanceCounter(item.window.notice_id, ()), seq=4), 2.0))
     assert SendToAgent(b"c1", m.ValidationDecision("v17-2", JOB, start=WALL + 360)) in out
     store.close()
+
+
+def test_a_notice_with_a_window_cannot_be_deferred_but_can_be_approved() -> None:
+    notices = Notices()
+    placement = Placement(JOB, "acme", (Member("3", HOST),))
+    notices.record(Notice("vn-1", "acme", JOB, HOST, "v17-1", not_before=WALL + 600,
+                          pause=60.0))
+    decision = notices.settle_window("vn-1", WALL + 360)
+    assert decision == m.ValidationDecision("v17-1", JOB, start=WALL + 360)
+    assert notices.defer_left("vn-1", 300.0) == 0.0
+    refused = notices.answer("acme", m.ValidationAnswer("vn-1", m.NoticeAction.DEFER), 300.0,
+                             placement)
+    assert isinstance(refused, tuple) and refused[0] is m.ErrorCode.NOT_DEFERRABLE
+    approved = notices.answer("acme", m.ValidationAnswer("vn-1", m.NoticeAction.APPROVE),
+                              300.0, placement)
+    assert approved == m.ValidationDecision("v17-1", JOB, approve=True, start=WALL + 360)
