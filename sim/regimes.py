@@ -167,7 +167,9 @@ def knob_default(knob: str) -> float:
             "interval": _DEFAULT.min_interval}[knob]
 
 
-def negotiated(plan: NegotiationPlan, name: str = "negotiated") -> Regime:
-    """The product's private feed, and tenants negotiating through the controller's
-    engine on top of it (sim/negotiation.py)."""
-    return Regime(name, redacted().redaction, negotiation=plan)
+def negotiated(plan: NegotiationPlan, name: str = "negotiated",
+               redaction: RedactionConfig | None = None) -> Regime:
+    """The product's private feed (or ``redaction``), and tenants negotiating through the
+    controller's engine on top of it (sim/negotiation.py)."""
+    return Regime(name, redacted().redaction if redaction is None else redaction,
+                  negotiation=plan)
