@@ -114,14 +114,14 @@ def main() -> int:
     by = {(s, sc, f.regime): f for s, sc, f, _ in results}
     scenarios = [(s, sc) for s in range(1, args.seeds + 1) for sc in scales]
     print(f"{'scenario / regime':26} {'wait mean':>9} {'median':>7} {'p99':>6} "
-          f"{'gang':>6} {'JCT mean':>8} {'p99':>6} {'util':>5} {'Jain':>5}  (hours)")
+          f"{'gang':>6} {'JCT mean':>8} {'p99':>6} {'util':>5} {'Jain':>6}  (hours)")
     saved = []
     for s, sc in scenarios:
         for name in REGIMES[:4]:
             f = by[(s, sc, name)]
             print(f"seed {s} x{sc:g} {name:14} {f.mean_wait_h:9.2f} {f.median_wait_h:7.3f} "
                   f"{f.p99_wait_h:6.1f} {f.gang_mean_wait_h:6.1f} {f.mean_jct_h:8.2f} "
-                  f"{f.p99_jct_h:6.1f} {f.utilization:5.3f} {f.jain:5.3f}")
+                  f"{f.p99_jct_h:6.1f} {f.utilization:5.3f} {f.jain:6.4f}")
         neg, priv = by[(s, sc, "negotiated")], by[(s, sc, "private")]
         c = neg.counters
         print(f"  holds {c['holds']:.0f} of {c['proposals']:.0f} proposals "
