@@ -151,8 +151,9 @@ class Negotiating:
             return
         self.nstats.holds += 1
         draw = random.Random(f"{self.cfg.seed}:no-show:{j.name}").random()
-        h = SimHold(index, j.pool, rid, j.tenant, hold.count // self.gpn,
-                    self.now, hold.expires_at, draw < plan.no_show_rate)
+        arm = self.now if plan.drain_s is None else max(self.now, hold.start - plan.drain_s)
+        h = SimHold(index, j.pool, rid, j.tenant, hold.count // self.gpn, arm,
+                    hold.expires_at, draw < plan.no_show_rate)
         self.holds_in[j.pool][rid] = h
         self.hold_by_job[index] = h
         if not h.no_show:

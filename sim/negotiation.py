@@ -2,7 +2,7 @@
 
 Who negotiates, and why them: the Philly trace gives each job its submission time, its
 length, its GPUs and its pool, and no deadline. What it does show is gang jobs: jobs over
-one host (16 to 128 GPUs) need whole free hosts at once, and a FIFO scheduler with
+one host (12 to 128 GPUs) need whole free hosts at once, and a FIFO scheduler with
 backfill lets the one- and two-GPU jobs behind them take every host that frees first, so
 they wait longest. Those are the jobs whose tenants propose reservations here: a hold is
 what a gang job lacks, and a deadline would have to be invented.
@@ -17,9 +17,10 @@ The model (stated, not measured):
   is too small) or told its count is above the release's upper edge, it proposes again
   at each new release of its pool until it holds or its job has started.
 * The provider's scheduler keeps an accepted hold's hosts out of what it gives others
-  from the acceptance until the hold's job starts: no other job starts on a whole free
-  host while the free hosts are no more than those held, and no elastic job grows in
-  that pool. The held job goes to the front of its pool's queue.
+  from the acceptance (or :attr:`drain_s` before the hold's start) until its job
+  starts: no other job starts on a whole free host while the free hosts are no more
+  than those held, and no elastic job grows in that pool. The held job goes to the
+  front of its pool's queue.
 * A share :attr:`no_show_rate` of accepted holds are no-shows (seeded): the tenant's
   plans changed, its job is submitted as an ordinary one, and the hold keeps its hosts
   until it expires unused (the engine charges the tenant's record).
@@ -52,6 +53,9 @@ class NegotiationPlan:
     gang_above: int = 8
     lead_s: float = 86400.0
     window_s: float = 4 * 3600.0
+    #: The scheduler keeps a hold's hosts from this long before its start (None: from
+    #: the acceptance).
+    drain_s: float | None = None
     no_show_rate: float = 0.1
     #: The operator's per-tenant cap (every tenant weighs the same).
     max_share: float = 0.5

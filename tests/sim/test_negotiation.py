@@ -82,6 +82,16 @@ def test_a_no_show_keeps_its_hosts_idle_until_its_hold_expires_and_is_charged() 
     assert sim.negotiator.records["a"].no_show == pytest.approx(16 * 1000.0)
 
 
+def test_a_hold_kept_only_from_shortly_before_its_start_can_go_unhonoured() -> None:
+    # kept from 1000 s before its start (4000 s): b took every host at 2000 s, none frees
+    # within the grace, so the provider cancels the hold and the job waits as before
+    result = simulation(config(4), GANG, regimes.negotiated(plan(drain_s=1000.0),
+                                                            redaction=FULL)).run()
+    c = result.negotiation
+    assert (c["holds"], c["honoured"], c["not_honoured"]) == (1, 0, 1)
+    assert result.jobs[0].first_start == 12000.0
+
+
 def test_a_refused_tenant_asks_again_at_the_next_release() -> None:
     # b holds three hosts from 0 to 3000 s: at 1000 s the release says 8 free, so 16 is
     # above the most the pool could hold (an error naming max_count); when they free, the
