@@ -16,8 +16,8 @@ class TenantActions:
         j = self.by_name[job.name]
         if j.state != RUNNING or gpus == j.g or not j.lo_g <= gpus <= j.hi_g:
             return False
-        if gpus > j.g and self.queue[j.pool]:
-            return False  # waiting jobs come first
+        if gpus > j.g and (self.queue[j.pool] or self.holds_in[j.pool]):
+            return False  # waiting jobs and holds come first
         return self._resize(j, gpus, forced=False)
 
     def _resize(self, j: Job, gpus: int, forced: bool) -> bool:

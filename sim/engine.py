@@ -39,6 +39,9 @@ from sim.events import (
     FAULT_START,
     FINISH,
     FLUSH,
+    HOLD_DUE,
+    MAINTAIN,
+    NEGOTIATE,
     PRECURSOR,
     RELEASE,
     SAMPLE,
@@ -47,6 +50,7 @@ from sim.feed import UP, FeedBridge
 from sim.hazards import Hazards
 from sim.jobs import RUNNING, Job, advance, finish_time
 from sim.model import NO_CONGESTION, SimConfig, comm_factor, speed
+from sim.negotiating import Negotiating
 from sim.observing import Observing
 from sim.placement import Placement
 from sim.policies import TenantPolicy
@@ -69,6 +73,8 @@ class Records:
     #: GPUs available lo, hi); a hi of None is an open range.
     feed: list[tuple[float, int, int, int | None, int, int | None, int, int | None]]
     horizon: float
+    #: The prober's answers (negotiation regime): (time, pool, GPUs offered; 0: refused).
+    probes: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -89,11 +95,14 @@ class RunResult:
     policy_stats: dict[str, dict[str, int]] = field(default_factory=dict)
     #: The most ε any pool's feed spent over 24 hours (private mode; 0 otherwise).
     epsilon_day_max: float = 0.0
+    #: The negotiation regime's counts (sim.negotiation.NegotiationCounters).
+    negotiation: dict[str, float] = field(default_factory=dict)
 
 
-class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing):
+class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing, Negotiating):
     """The event loop and the simulation's state; each model step is a part of its own
-    (sim/placement.py, scheduling.py, actions.py, hazards.py, observing.py)."""
+    (sim/placement.py, scheduling.py, actions.py, hazards.py, observing.py,
+    negotiating.py)."""
 
     def __init__(self, cfg: SimConfig, cluster: Cluster, jobs: Sequence[JobSpec],
                  regime: Regime, *, faults: Sequence[FaultSpec] = (),
@@ -183,6 +192,7 @@ class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing):
         self.records = Records([p.name for p in pools], [],
                                [[] for _ in pools], [], self.horizon)
         self.unresolved = len(self.jobs)
+        self._nego_init()
 
     def _push(self, t: float, kind: int, arg: int = 0, version: int = 0) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, arg, version))
@@ -203,6 +213,7 @@ class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing):
             self.feed.prime(self.state, self.free, self.cong)
             for p in self.cluster.pools:
                 self._mark(p.index)
+        self._nego_events()
 
     def run(self) -> RunResult:
         self._initial_events()
@@ -247,6 +258,12 @@ class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing):
                 self._congestion(arg, False)
             elif kind == SAMPLE:
                 self._sample()
+            elif kind == NEGOTIATE:
+                self._negotiate(arg)
+            elif kind == HOLD_DUE:
+                self._hold_due(arg, version)
+            elif kind == MAINTAIN:
+                self._maintain(arg)
         for j in self.jobs:
             if j.state == RUNNING:
                 self._advance(j, self.now)
@@ -257,7 +274,8 @@ class Simulation(Placement, Scheduling, TenantActions, Hazards, Observing):
             self.acc_alloc_h, self.acc_cap_h, self.acc_alloc, self.acc_cap,
             self.rollback, self.pauses, self.counters,
             {p.tenant: vars(p.stats).copy() for p in self.policies},
-            max((r.ledger.peak for r in self.feed.redactors), default=0.0))
+            max((r.ledger.peak for r in self.feed.redactors), default=0.0),
+            self.nego_counters())
 
     def _tick(self, now: float) -> None:
         last = self.last_tick

@@ -51,6 +51,8 @@ class Hazards:
         if after == UP:
             self.free_sets[pool][self.free[n]].add(n)
             self.pool_free[pool] += self.free[n]
+        if self.maintaining and after == DEGRADED and before == UP:
+            self._notice(n, f.desc)
         if (after == DEGRADED) != (before == DEGRADED):
             step = 1 if after == DEGRADED else -1
             for j in list(self.node_jobs[n].values()):

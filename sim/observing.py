@@ -50,6 +50,8 @@ class Observing:
                 self.counters["publications_pool"] += 1
                 if isinstance(body, PoolCapacity):
                     self._log_attacker(body)
+                    if self.negotiator is not None:
+                        self._nrelease(body)
                     for policy in self.policies:
                         policy.on_pool(body, now)
                 continue
@@ -78,6 +80,8 @@ class Observing:
             feature = None if view is None else (view.hosts_up, view.hosts_up_hi,
                                                  view.available, view.available_hi)
             self.records.samples.append((self.now, p.index, sum(held) - own, own, feature))
+        if self.probing and self.now % 3600.0 < self.cfg.sample_s:
+            self._probe()  # hourly, as the load attack's rows are
         nxt = self.now + self.cfg.sample_s
         if nxt <= self.horizon:
             self._push(nxt, SAMPLE)

@@ -109,6 +109,8 @@ class Placement:
             watch = j.algo != RING or any(self.cong[n] or self.state[n] != UP for n in nodes)
             self.feed.place(j.pool, j.name, j.tenant, nodes, watch)
         self.policies[j.tenant_idx].started(j)
+        if self.hold_of and j.index in self.hold_of:
+            self._hold_started(j)
 
     def _stop(self, j: Job) -> None:
         """Take ``j`` off its hosts (it finishes, or waits to restart)."""

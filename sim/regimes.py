@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from controller.redactionconfig import Mode, RedactionConfig, Unit
+from sim.negotiation import NegotiationPlan
 
 if TYPE_CHECKING:
     from sim.energy import Plan
@@ -49,6 +50,8 @@ class Regime:
     value: float = 0.0
     #: Tenants declare slack for energy (sim/energy.py); None: nobody does.
     energy: Plan | None = None
+    #: Tenants negotiate reservations and maintenance (sim/negotiation.py); None: not.
+    negotiation: NegotiationPlan | None = None
 
 
 def scaled(edges: tuple[int, ...], s: float) -> tuple[int, ...]:
@@ -162,3 +165,11 @@ def frontier() -> list[Regime]:
 def knob_default(knob: str) -> float:
     return {"bucket": 1.0, "host": 1.0, "k": float(COARSE_MIN_HOSTS),
             "interval": _DEFAULT.min_interval}[knob]
+
+
+def negotiated(plan: NegotiationPlan, name: str = "negotiated",
+               redaction: RedactionConfig | None = None) -> Regime:
+    """The product's private feed (or ``redaction``), and tenants negotiating through the
+    controller's engine on top of it (sim/negotiation.py)."""
+    return Regime(name, redacted().redaction if redaction is None else redaction,
+                  negotiation=plan)

@@ -21,7 +21,10 @@ class Scheduling:
             return
         j.g = self.policies[j.tenant_idx].submit_size(j)
         j.state = QUEUED
-        self.queue[j.pool].append(j)
+        if self.hold_of and self._front(j):
+            self.queue[j.pool].insert(0, j)  # it comes to claim its hold
+        else:
+            self.queue[j.pool].append(j)
         self._schedule(j.pool)
 
     def _schedule(self, pool: int) -> None:
@@ -36,7 +39,7 @@ class Scheduling:
                         keep.extend(queue[i:])
                         break
                     spot = self._find(pool, j.g)
-                    if spot is None:
+                    if spot is None or (self.holds_in[pool] and not self._may_take(j, spot)):
                         keep.append(j)
                         continue
                     pause, cause = (self.cfg.restart_cost, j.restart) if j.restart else (0.0, "")
