@@ -156,7 +156,8 @@ class AgentDaemon(OperatorCommands, ControllerMessages):
                 retired_pages_limit=self.cfg.observers.gpu.retired_pages_limit,
                 publish=self._publish, emit=self._emit,
                 allowance=self.declarations.pause_allowance,
-                defer_allowance=self.declarations.defer_allowance)
+                defer_allowance=self.declarations.defer_allowance,
+                negotiates=self.declarations.negotiates)
             self.validation.start(loop)
         if self.cfg.remediation.enabled:
             if self.validation is None:

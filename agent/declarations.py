@@ -44,3 +44,9 @@ class Declarations:
         """Seconds by which the job may defer a validation notice, once (0 undeclared)."""
         declaration = self.jobs.get(job)
         return declaration.max_validation_defer if declaration else 0.0
+
+    def negotiates(self, job: str) -> bool:
+        """Whether the job asks for maintenance windows it can negotiate: its declaration
+        (from the controller, or an operator's) gives its checkpoint cadence."""
+        declaration = self.jobs.get(job)
+        return declaration is not None and declaration.checkpoint_every > 0

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 
 from controller.redactionconfig import RedactionConfig, bucket
 from controller.types import HostState, Placement
+from harmonaize.maintenancetables import LONGEST_LEAD
 from harmonaize.messages import (
     Advice,
     Bucket,
@@ -31,8 +32,10 @@ from harmonaize.messages import (
 ADVISORY_REASONS = frozenset({"gpu-memory", "gpu-failure", "interconnect", "thermal"})
 #: Members a job-health message lists as degraded, and as lost, at most (the wire's cap).
 MEMBERS_LISTED = 1024
-#: A validation notice never announces a start further ahead than this (seconds).
-NOTICE_HORIZON = 3600.0
+#: A validation notice never announces a start further ahead than this (seconds): the
+#: longest lead a host gives, its own ([validation] notice_lead, an hour at most) or a
+#: negotiable notice's (its condition's least notice and a margin).
+NOTICE_HORIZON = max(3600.0, LONGEST_LEAD)
 
 
 def members_here(placements: Mapping[str, Placement], host_id: str, job: str,

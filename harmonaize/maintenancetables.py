@@ -38,3 +38,9 @@ URGENCY: dict[ValidationCause, Urgency] = {
     ValidationCause.CORRECTABLE_TREND: Urgency(72 * HOUR, HOUR),
     ValidationCause.ROUTINE: Urgency(168 * HOUR, HOUR),
 }
+#: Seconds a negotiable notice gives beyond its condition's least notice: the controller
+#: reads the lead on its own clock, after the notice's way to it, and a notice that
+#: arrives with less than the least notice left is not negotiated.
+NOTICE_MARGIN = 60.0
+#: The longest lead a host gives a negotiable notice (the most patient condition's).
+LONGEST_LEAD = max(u.least_notice for u in URGENCY.values()) + NOTICE_MARGIN

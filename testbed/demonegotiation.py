@@ -29,7 +29,8 @@ CONTROLLER = ("[negotiation]\nweights = { acme = 1.0, globex = 1.0 }\nleast_noti
               + ", ".join(f'"{c}" = 5' for c in ("gpu-fault", "uncorrectable-memory",
                                                  "thermal", "link-degraded",
                                                  "correctable-trend", "routine")) + " }\n")
-#: Hosts announce validations this long ahead (the product's default is 30 s too).
+#: Hosts announce validations this long ahead (the product's default is 30 s too); a job
+#: that declared its checkpoint cadence gets the condition's least notice instead.
 NOTICE_LEAD = 30.0
 POOL, CLASS = "default", "H200"
 JOB = "ckpt-9"
@@ -145,9 +146,10 @@ def maintenance(cluster: TestCluster) -> None:
             raise RuntimeError(f"declaration refused: {done.stderr.strip()}")
         watcher = cluster.tenant_watch(topics=(f"job/acme/{JOB}/",))
         time.sleep(0.5)
-        say(f"gpu {GPU} on h2 throws single-bit ECC errors: h2 plans a validation "
-            f"{NOTICE_LEAD:g} s ahead and names the condition (correctable-trend: it may "
-            "wait up to 3 days); the controller tells acme")
+        say(f"gpu {GPU} on h2 throws single-bit ECC errors: h2 plans a validation and "
+            "names the condition (correctable-trend: it may wait up to 3 days); the job "
+            "declared its cadence, so h2 gives the condition's least notice (an hour), not "
+            f"its {NOTICE_LEAD:g} s lead, and the controller tells acme")
         fake.set(GPU, ecc_sbe_volatile=400)
         told = watcher.wait_for(_notice, 30, "the validation notice",
                                 on_message=show_notice)["body"]

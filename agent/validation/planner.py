@@ -7,7 +7,9 @@ suspect, and, where configured, a schedule that only uses idle windows.
 One validation at a time per device and at most ``max_parallel`` in all;
 a cooldown per device (operators are exempt). A device a tenant's process
 uses is validated only if every job on it allows a pause that long, and then
-only after the jobs were told, ``notice_lead`` seconds ahead.
+only after the jobs were told, ``notice_lead`` seconds ahead; where a job on
+it negotiates maintenance windows (its declaration gives a checkpoint cadence),
+at least its condition's least notice ahead, so the window can be negotiated.
 
 A notice can be answered, as in Azure Scheduled Events: a job that approves says
 it is ready (the validation starts at once when every job told of it approved),
@@ -23,11 +25,21 @@ from dataclasses import dataclass, field, replace
 
 from agent.gpu.interface import JobRef
 from agent.validation.causes import cause_of
-from harmonaize.maintenancetables import URGENCY
+from harmonaize.maintenancetables import NOTICE_MARGIN, URGENCY
 from harmonaize.maintenancetables import ValidationCause as Cause
 
 #: Triggers that an operator asked for: exempt from cooldowns.
 OPERATOR_TRIGGERS = frozenset({"operator", "release"})
+
+
+def lead(notice_lead: float, cause: Cause, negotiates: bool) -> float:
+    """Seconds between telling a device's jobs and validating it: the host's own lead,
+    or, where a job on it negotiates, its condition's least notice and a margin (never
+    later than the condition may wait)."""
+    if not negotiates:
+        return notice_lead
+    urgency = URGENCY[cause]
+    return min(max(notice_lead, urgency.least_notice + NOTICE_MARGIN), urgency.most_wait)
 
 
 @dataclass(frozen=True)
@@ -116,8 +128,10 @@ class Planner:
         running: set[str],
         last_done: Mapping[str, float],
         allowance: Callable[[str], float],
+        negotiates: Callable[[str], bool] = lambda job: False,
     ) -> tuple[list[Plan], list[Plan]]:
-        """(plans to start now, plans just scheduled whose jobs must be told now)."""
+        """(plans to start now, plans just scheduled whose jobs must be told now).
+        ``negotiates`` says whether a job's declaration asks for negotiable notices."""
         by_key = {d.key: d for d in devices}
         starts, announced = [], []
         busy = len(running) + sum(1 for p in self.scheduled.values() if p.start_at > now)
@@ -158,10 +172,12 @@ class Planner:
             if device.jobs:
                 notices = _notices(device.jobs)
                 self._numbered += 1
-                plan = Plan(device.key, device.gpu, level, trigger,
-                            now + self.settings.notice_lead, pause, notices,
-                            f"{self.id_prefix}-{self._numbered}",
-                            cause=cause_of(device.state, device.why, trigger), issued_at=now)
+                cause = cause_of(device.state, device.why, trigger)
+                ahead = lead(self.settings.notice_lead, cause,
+                             any(negotiates(job) for job, _ in notices))
+                plan = Plan(device.key, device.gpu, level, trigger, now + ahead, pause,
+                            notices, f"{self.id_prefix}-{self._numbered}", cause=cause,
+                            issued_at=now)
                 self.scheduled[device.key] = plan
                 announced.append(plan)
             else:

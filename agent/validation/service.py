@@ -74,6 +74,7 @@ class ValidationService:
         emit: Callable[[HostEvent], None],
         allowance: Callable[[str], float],
         defer_allowance: Callable[[str], float] = lambda job: 0.0,
+        negotiates: Callable[[str], bool] = lambda job: False,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -81,6 +82,7 @@ class ValidationService:
         self.emit = emit
         self.allowance = allowance
         self.defer_allowance = defer_allowance
+        self.negotiates = negotiates
         self.specs = command_specs(cfg)
         self.history = History(Path(state_dir) / "validation.db", keep=cfg.history_keep)
         self.planner = Planner(
@@ -171,7 +173,7 @@ class ValidationService:
         self._serve()
         starts, announced = self.planner.step(
             self._devices(views), now, running=set(self.runner.running),
-            last_done=self.last_done, allowance=self.allowance)
+            last_done=self.last_done, allowance=self.allowance, negotiates=self.negotiates)
         for plan in announced:
             self._tell(plan, NoticeStatus.SCHEDULED)
             log.info("told %s: a member pauses up to %.0f s for validation at %.0f",

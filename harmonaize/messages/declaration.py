@@ -69,6 +69,7 @@ class JobDeclaration(Message):
     #: The slowdown the job accepts for energy (GPU power limits); none: never.
     energy: EnergyAllowance | None = None
     #: How often the job checkpoints (seconds; 0: not said) and when it did once (Unix
-    #: time): a negotiated maintenance window is proposed at its next checkpoint.
+    #: time): a negotiated maintenance window is proposed at its next checkpoint, and its
+    #: hosts announce validations early enough to negotiate (the condition's least notice).
     checkpoint_every: Annotated[float, Num(0.0, 604_800.0)] = 0.0
     last_checkpoint: Timestamp = 0.0

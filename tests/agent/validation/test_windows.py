@@ -8,8 +8,8 @@ import pytest
 
 from agent.gpu.types import JobRef
 from agent.validation.causes import cause_of
-from agent.validation.planner import Device, Planner, PlannerSettings
-from harmonaize.maintenancetables import URGENCY
+from agent.validation.planner import Device, Planner, PlannerSettings, lead
+from harmonaize.maintenancetables import NOTICE_MARGIN, URGENCY
 from harmonaize.maintenancetables import ValidationCause as Cause
 
 pytestmark = [pytest.mark.validation, pytest.mark.negotiation]
@@ -75,3 +75,46 @@ def test_an_approval_after_a_window_still_starts_it_now() -> None:
     # What the controller sends once the window is agreed and the job then approves.
     plan, why = planner.answer(plan_id, "job-a", T0 + 5, start=T0 + 60, approve=True)
     assert plan is not None and plan.start_at == T0 + 5, why
+
+
+def announced(jobs: tuple[JobRef, ...], negotiating: set[str], why: str,
+              notice_lead: float = 30.0) -> float:
+    """The lead the host gives a suspect GPU's jobs under ``notice_lead``, where the jobs
+    in ``negotiating`` declared a checkpoint cadence."""
+    planner = Planner(PlannerSettings(cooldown=100.0, notice_lead=notice_lead),
+                      lambda key, level: 60.0)
+    _, (plan,) = planner.step([Device("gpu:2", 2, "suspect", jobs, why=why)], T0,
+                              running=set(), last_done={}, allowance=lambda job: 600.0,
+                              negotiates=lambda job: job in negotiating)
+    assert plan.issued_at == T0
+    return plan.start_at - T0
+
+
+@pytest.mark.parametrize(("why", "cause"), [
+    ("GpuUnresponsive: no answer", Cause.GPU_FAULT),
+    ("EccUncorrectable: 1 new double-bit ECC error(s)", Cause.UNCORRECTABLE_MEMORY),
+    ("EccCorrectableRate: climbing", Cause.CORRECTABLE_TREND),
+])
+def test_a_job_that_negotiates_gets_its_conditions_least_notice(
+        why: str, cause: Cause) -> None:
+    a, b = JobRef("job-a", "5"), JobRef("job-b", "0")
+    urgency = URGENCY[cause]
+    # Under the default lead, a job that gave its checkpoint cadence is told early
+    # enough for the controller to negotiate (its least notice, and a margin for the
+    # notice's way there) ...
+    assert announced((a,), {"job-a"}, why) == urgency.least_notice + NOTICE_MARGIN
+    # ... one of two jobs on the GPU is enough (a window moves the plan for both) ...
+    assert announced((a, b), {"job-b"}, why) == urgency.least_notice + NOTICE_MARGIN
+    # ... a longer lead of the host's own stands, and jobs that declared nothing keep
+    # the short one.
+    assert announced((a,), {"job-a"}, why, notice_lead=3000.0) == max(
+        3000.0, urgency.least_notice + NOTICE_MARGIN)
+    assert announced((a, b), set(), why) == 30.0
+
+
+def test_the_lead_never_passes_the_conditions_bound() -> None:
+    for cause, urgency in URGENCY.items():
+        for notice_lead in (0.0, 30.0, 3600.0):
+            ahead = lead(notice_lead, cause, True)
+            assert urgency.least_notice < ahead <= urgency.most_wait
+            assert lead(notice_lead, cause, False) == notice_lead

@@ -7,7 +7,9 @@ later than an urgent condition may wait is overridden: the host keeps its start.
 The host announces every validation ten minutes ahead ([validation] notice_lead), so
 nothing starts within a test unless a window moves it; the controller gives each
 condition a second of least notice (the tenant's time to checkpoint), so a test's
-checkpoints can lie seconds ahead."""
+checkpoints can lie seconds ahead. Under the default settings (a 30 s lead, the built-in
+least notice) a job that declared its checkpoint cadence is told early enough to
+negotiate, and a job that declared none keeps the short lead."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import pytest
 
 from controller.negotiation.maintenance import checkpoint_starts
 from harmonaize import messages as m
-from harmonaize.maintenancetables import URGENCY, ValidationCause
+from harmonaize.maintenancetables import NOTICE_MARGIN, URGENCY, ValidationCause
 from harmonaize.tenant.client import FeedClient
 from testbed.fakegpu import FakeNvml
 from tests.agent.validation.test_agent import FAKE_CHECK, finished
@@ -53,17 +55,23 @@ NEGOTIATION = ("[negotiation]\nweights = { acme = 1.0 }\n"
                + " }\n")
 
 
+#: Where nothing is set but who negotiates: the default lead and least notice.
+DEFAULTS = "[negotiation]\nweights = { acme = 1.0 }\n"
+
+
 @contextmanager
-def host_with_job(spawn: Spawn, workdir: Path
+def host_with_job(spawn: Spawn, workdir: Path, *, negotiation: str = NEGOTIATION,
+                  lead: str = "notice_lead = 600\n",
+                  declaration: m.JobDeclaration | None = None,
                   ) -> Iterator[tuple[Agent, FakeNvml, FeedClient, Controller]]:
     """A host running acme's job on one GPU, its validations announced ten minutes
-    ahead; acme's client on the job's topic, its declaration sent."""
-    controller = start_controller(spawn, workdir, NEGOTIATION)
+    ahead (``lead``); acme's client on the job's topic, its declaration sent."""
+    controller = start_controller(spawn, workdir, negotiation)
     control = workdir / "control"
     control.mkdir()
     (control / "behaviour.all").write_text("print metric gflops 100\n")
     fake, env = fake_gpus(workdir)
-    validation = ("[validation]\ncooldown = 3600\nnotice_lead = 600\n"
+    validation = ("[validation]\ncooldown = 3600\n" + lead +
                   "[[validation.commands]]\nname = \"burn\"\n"
                   f'command = ["{sys.executable}", "{FAKE_CHECK}", "{control}", "{{gpu}}"]\n'
                   'parser = "metrics"\nlevels = [2, 3]\nbudget = 5\n')
@@ -77,7 +85,8 @@ def host_with_job(spawn: Spawn, workdir: Path
     controller.request("place", {"job": JOB, "tenant": "acme",
                                  "members": [{"name": "3", "host": "g1"}]})
     with tenant_feed(controller, [f"job/acme/{JOB}/"]) as acme:
-        acme.declare(m.JobDeclaration(JOB, max_validation_pause=600, revision=1))
+        acme.declare(declaration or m.JobDeclaration(JOB, max_validation_pause=600,
+                                                     revision=1))
         yield agent, fake, acme, controller
 
 
@@ -152,6 +161,50 @@ def test_an_urgent_condition_overrides_a_late_window(spawn: Spawn, workdir: Path
         assert plan["starts_at"] == pytest.approx(told.not_before, abs=0.01)
         assert plan["window"] == plan["starts_at"]
         assert finished(agent) is None
+
+
+def test_under_the_default_lead_a_job_with_a_checkpoint_cadence_negotiates(
+        spawn: Spawn, workdir: Path) -> None:
+    last = time.time()
+    declared = m.JobDeclaration(JOB, max_validation_pause=600, revision=1,
+                                checkpoint_every=600.0, last_checkpoint=last)
+    with host_with_job(spawn, workdir, negotiation=DEFAULTS, lead="",
+                       declaration=declared) as (agent, fake, acme, _):
+        before = time.time()
+        fake.set(GPU, ecc_sbe_volatile=900)  # correctable errors climbing: suspect
+        told = next_notice(acme)
+        assert told.cause is ValidationCause.CORRECTABLE_TREND
+        # The host gave the condition's least notice (an hour), not its 30 s lead ...
+        urgency = URGENCY[ValidationCause.CORRECTABLE_TREND]
+        assert told.not_before >= before + urgency.least_notice + NOTICE_MARGIN - 0.01
+        assert told.not_before <= time.time() + urgency.least_notice + NOTICE_MARGIN
+        # ... so the controller negotiates: it proposes the job's next checkpoint.
+        window = proposed_window(acme, told)
+        assert (window.outcome, window.state) == (m.Outcome.WINDOW, "proposed")
+        assert window.start >= told.not_before
+        assert (window.start - last) % 600.0 == pytest.approx(0.0, abs=0.01)
+        # The job counters with the checkpoint after: agreed, and the host moves there.
+        later = window.start + 600.0
+        settled = acme.counter_window(told.id, [later])
+        assert (settled.state, settled.start) == ("agreed", later)
+        moved = next_notice(acme, told)
+        assert (moved.id, moved.status) == (told.id, m.NoticeStatus.SCHEDULED)
+        assert moved.not_before == pytest.approx(later, abs=0.01)
+        plan = wait_until(lambda: next((p for p in scheduled(agent).values()
+                                        if p["window"]), None), what="the host's window")
+        assert plan["starts_at"] == pytest.approx(later, abs=0.01)
+
+
+def test_under_the_default_lead_a_job_that_declared_no_cadence_is_not_negotiated(
+        spawn: Spawn, workdir: Path) -> None:
+    with host_with_job(spawn, workdir, negotiation=DEFAULTS, lead="") as (_, fake, acme,
+                                                                          _c):
+        fake.set(GPU, ecc_sbe_volatile=900)
+        told = next_notice(acme)
+        # The host's own 30 s lead: less than any condition's least notice, so the
+        # controller proposes no window (it decided before the notice was published).
+        assert told.not_before <= time.time() + 30.0
+        assert told.id not in {n.request_id for n in acme.negotiations()}
 
 
 def scheduled(agent: Agent) -> dict[str, dict[str, Any]]:
