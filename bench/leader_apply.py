@@ -214,8 +214,11 @@ def run_leader(cfg_path: Path, work: Path, *, cpu: int, batch: int, window: floa
     if shutil.which("taskset"):
         command = ["taskset", "-c", str(cpu), *command]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
-                          check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env,
+                              timeout=window + 120, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"the leader's run did not end: {str(exc.stderr or '')[-2000:]}") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"the leader's run failed ({done.returncode}): {done.stderr[-2000:]}")
