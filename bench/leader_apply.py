@@ -154,15 +154,11 @@ def lead(cfg_path: Path, mirror: Path, *, batch: int, window: float, start: int,
         leader = Leader(cfg, bus, await bus.epoch(), mirror, max_batch=max(batch, 2048))
         stop = asyncio.Event()
         task = asyncio.create_task(leader.run(stop))
-        while leader.committed < start:
-            if task.done():
-                raise SystemExit(f"the leader stopped: {task.exception()}")
-            await asyncio.sleep(0.002)
+        await waiting(lambda: leader.committed >= start, task, "the hellos applied")
         leader.max_batch = batch
         # A batch taken before the switch may be in flight: the clock starts after it.
         switched = leader.commits
-        while leader.commits < switched + 2 and not task.done():
-            await asyncio.sleep(0.001)
+        await waiting(lambda: leader.commits >= switched + 2, task, "the switch")
         t0, cpu0, at0, commits0 = (time.monotonic(), time.process_time(), leader.committed,
                                    leader.commits)
         while leader.committed < end and time.monotonic() - t0 < window:
@@ -171,12 +167,26 @@ def lead(cfg_path: Path, mirror: Path, *, batch: int, window: float, start: int,
         frames, commits = leader.committed - at0, leader.commits - commits0
         reused = leader._frames.reused
         stop.set()
-        await task
+        await waiting(task.done, task, "the leader's stop")
         await bus.close()
         return {"frames": frames, "seconds": elapsed, "cpu": cpu, "commits": commits,
                 "reused": reused}
 
     print(json.dumps(asyncio.run(run())), flush=True)
+
+
+async def waiting(done: Any, task: asyncio.Task[None], what: str, limit: float = 60.0) -> None:
+    """Until ``done()``; a leader that stopped, or no end within ``limit`` seconds, ends
+    the run with what every task was doing."""
+    deadline = time.monotonic() + limit
+    while not done():
+        if task.done() and task.exception() is not None:
+            raise SystemExit(f"the leader stopped: {task.exception()!r}")
+        if time.monotonic() > deadline:
+            for each in asyncio.all_tasks():
+                each.print_stack(file=sys.stderr)
+            raise SystemExit(f"no end to {what} within {limit:.0f} s")
+        await asyncio.sleep(0.002)
 
 
 # --- the driver ------------------------------------------------------------------------------

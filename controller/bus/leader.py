@@ -88,6 +88,8 @@ BUS_PEER = b"bus:"
 MAX_BATCH = 2048
 #: Queue items (fetched batches of frames, beats, requests) taken into one batch at most.
 MAX_ITEMS = 64
+#: Seconds a leader stepping down waits for its tasks to end.
+STOP_WAIT = 5.0
 
 
 class StepDown(Exception):
@@ -214,11 +216,20 @@ class Leader:
                 if task is not stopper and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
-            for task in (*tasks, work, stopper):
+            everything = (*tasks, work, stopper)
+            for task in everything:
                 task.cancel()
-            for task in (*tasks, work, stopper):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            # Waited for a while, not for ever: the NATS client can keep a fetch's wait
+            # from its cancellation (seen in leader-apply: a leader that never finished
+            # stepping down, so never released, never led again). A task left behind
+            # reads into this term's queue, which no later term uses, and then stops.
+            done, left = await asyncio.wait(everything, timeout=STOP_WAIT)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: the reason to step down was raised above
+            if left:
+                log.warning("stepping down: %d task(s) did not end within %.0f s; left "
+                            "behind", len(left), STOP_WAIT)
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
@@ -226,6 +237,7 @@ class Leader:
     async def take_over(self) -> None:
         """Take over: the state as the log has it, its publications published again."""
         began = time.monotonic()
+        self._queue = asyncio.Queue()
         self._carry = []
         self._frames = FrameReader()
         again = await self._restore()
@@ -247,10 +259,13 @@ class Leader:
     # --- inputs --------------------------------------------------------------------------
 
     async def _read_agents(self) -> None:
+        queue = self._queue  # this term's: a reader left behind must not feed the next
         # Fetched as much at a time as a batch takes: a backlog is read in few round trips.
         async for batch in self.bus.read(AGENTS, "hz.agents.>", self.agents_seq,
                                          batch=max(256, min(self.max_batch, 4096))):
-            await self._queue.put(("agents", batch))
+            if queue is not self._queue:
+                return
+            await queue.put(("agents", batch))
 
     async def _beats(self, msg: Msg) -> None:
         with contextlib.suppress(ValueError, TypeError):
