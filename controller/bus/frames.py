@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import msgpack
 
-from harmonaize.messages import AGENT_KINDS, Envelope, Message, decode
-from harmonaize.messages.codec import check_head
+from harmonaize.messages import AGENT_KINDS, Envelope, Message, check_head, decode
 from harmonaize.messages.core import MAX_FRAME, MAX_LIST, MAX_MAP, MAX_STR
 
 

@@ -13,6 +13,10 @@ replica serves its tenants from there), send hosts what the core has for them, a
 answer requests. A new leader publishes again what the commits it read hold (a
 publication the feed already has is stored once: its id is the same), so tenants see
 each number once whichever leader numbered it.
+
+Longer than 400 lines: one term of leading (taking over, the batches, the fenced
+Commit, what goes out after it, stepping down) is kept in one place, so that "nothing
+leaves before the Commit that covers it" can be checked by reading one file.
 """
 
 from __future__ import annotations

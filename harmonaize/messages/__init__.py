@@ -26,7 +26,7 @@ audit). The audit hook is set on ``codec`` itself (``harmonaize/wireaudit.py``).
 
 from __future__ import annotations
 
-from harmonaize.messages.codec import Envelope, audit, auditing, decode, encode
+from harmonaize.messages.codec import Envelope, audit, auditing, check_head, decode, encode
 from harmonaize.messages.core import (
     MAGIC,
     MAX_FRAME,
@@ -139,5 +139,5 @@ __all__ = [
     "Resync", "Severity", "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend",
     "TuningAck", "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus",
     "Urgency", "ValidationAnswer", "ValidationDecision", "ValidationNotice", "WireError", "audit",
-    "auditing", "decode", "encode", "kinds", "message", "registered",
+    "auditing", "check_head", "decode", "encode", "kinds", "message", "registered",
 ]

@@ -76,14 +76,14 @@ def encode(body: Message, *, sender: str, seq: int = 0, now: float | None = None
 
 
 @dataclass(frozen=True)
-class Header:
+class _Header:
     sender: Ident
     seq: Count
     time: Timestamp
 
 
 def check_head(head: list[object], allowed: Collection[str] | None = None
-               ) -> tuple[type[Message], Header]:
+               ) -> tuple[type[Message], _Header]:
     """The envelope's first six elements (magic, version, kind, sender, seq, time)
     checked: the body's class and the header. Raises only :class:`WireError`."""
     magic, version, kind, sender, seq, stamp = head
@@ -92,7 +92,7 @@ def check_head(head: list[object], allowed: Collection[str] | None = None
     if version != VERSION or isinstance(version, bool):
         raise WireError(f"unsupported wire version {version!r:.20} (this side speaks {VERSION})")
     try:
-        header = from_plain(Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
+        header = from_plain(_Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
     except SchemaError as exc:
         raise WireError(str(exc)) from None
     # The envelope is read: from here a refusal names the request's number (an unknown
