@@ -37,6 +37,7 @@ held sends and the Commit that releases them, which stay here with the state.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -333,7 +334,9 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPa
         seqs, entries, offsets = self.feed.take_dirty()
         placements, self._placements = self._placements, {}
         tuning, self._tuning = self._tuning, {}
-        writes = Writes(hosts=tuple(dataclasses.replace(r) for r in records),
+        # Copies as of now (the records change after the Commit is made); shallow, as
+        # every field is an immutable value.
+        writes = Writes(hosts=tuple(copy.copy(r) for r in records),
                         events=tuple(events), feed_seqs=seqs, feed_log=entries,
                         feed_offsets=offsets, declarations=self.declarations.take_dirty(),
                         placements=placements, tuning=tuning,

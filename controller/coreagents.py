@@ -36,7 +36,7 @@ from harmonaize.messages import (
 )
 
 if TYPE_CHECKING:  # the configuration module brings the metrics server's asyncio along
-    pass
+    from controller.cluster import Cluster
 
 
 log = logging.getLogger("harmonaize.controller")
@@ -48,6 +48,18 @@ REJECT_LOG_WINDOW = 10.0
 MAX_HELD_BACK_TOLD = 1000
 #: A host silent for longer than this many of its heartbeat intervals gets no new arm.
 ARM_QUIET = 2.0
+
+
+class Reachable:
+    """The hosts an arm can reach at ``now`` (a container, asked host by host)."""
+
+    def __init__(self, cluster: Cluster, now: float) -> None:
+        self.cluster, self.now = cluster, now
+
+    def __contains__(self, host_id: object) -> bool:
+        host = self.cluster.hosts.get(host_id) if isinstance(host_id, str) else None
+        return (host is not None and host.alive and host_id in self.cluster.conn_of
+                and self.now - host.last_seen <= ARM_QUIET * host.heartbeat)
 
 
 class AgentMessages(CoreState):
@@ -208,13 +220,14 @@ class AgentMessages(CoreState):
                                      wall=wall, cause=body.cause, checkpoints=cadence)
         return None
 
-    def _reachable(self, now: float) -> set[str]:
+    def _reachable(self, now: float) -> Reachable:
         """Hosts an arm can reach now: up, and heard from within ``ARM_QUIET`` of their
         heartbeat intervals. A host already silent may never get the arm: it would arm
-        nothing while its job's tenant is told ``paused``, so no change is armed then."""
-        return {host.host_id for host in self.cluster.hosts.values()
-                if host.alive and host.host_id in self.cluster.conn_of
-                and now - host.last_seen <= ARM_QUIET * host.heartbeat}
+        nothing while its job's tenant is told ``paused``, so no change is armed then.
+        Asked host by host (only the hosts of a job about to be armed are), not listed:
+        a tick comes after every batch, and a list of every host cost a pass over them
+        all each time."""
+        return Reachable(self.cluster, now)
 
     def _agree(self, now: float) -> None:
         """Reports and acknowledgements from the job's own hosts in; arms and resolves

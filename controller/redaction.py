@@ -254,6 +254,8 @@ class Redactor:
             own = self.names.own(host.pool, host.gpu_class)
             if own is None:
                 self.held_back[(host.pool, host.gpu_class)] += 1
+            elif own == (host.pool, host.gpu_class):
+                named.append(host)  # already so named: no copy (a copy per host per batch)
             else:
                 named.append(replace(host, pool=own[0], gpu_class=own[1]))
         return named

@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import msgpack
 from controller.cluster import HostRecord
 from controller.notices import Notice
 from controller.outputs import Restored, Writes
+from controller.plainmemo import summary_packed
 from controller.storefile import (
     SCHEMA_VERSION,
     UPGRADABLE,
@@ -274,16 +275,19 @@ class Store:
                 self.db.rollback()
             raise StoreFull(f"{self.path}: no room to write ({exc})") from None
 
-    def commit(self, *batches: Writes) -> None:
+    def commit(self, *batches: Writes, meta: Mapping[str, object] | None = None) -> None:
         """Store batches in one transaction, in order (before anything that depends on
-        them is sent); :class:`StoreFull` when the disk has no room, with nothing stored."""
+        them is sent), with ``meta`` keys set in the same transaction; :class:`StoreFull`
+        when the disk has no room, with nothing stored."""
         batches = tuple(b for b in batches if b)
-        if not batches:
+        if not batches and not meta:
             return
         with self._room():
             self.db.execute("BEGIN")
             for writes in batches:
                 self._write(writes)
+            for key, value in (meta or {}).items():
+                self.set_meta(key, value)
 
     def _write(self, writes: Writes) -> None:
         self.db.executemany(
@@ -294,7 +298,7 @@ class Store:
                 (
                     h.host_id, h.pool, h.gpu_class, h.gpus, h.version, h.epoch, h.last_seq,
                     h.heartbeat, int(h.alive), h.down_reason,
-                    None if h.summary is None else msgpack.packb(to_plain(h.summary)),
+                    None if h.summary is None else summary_packed(h.summary),
                 )
                 for h in writes.hosts
             ],

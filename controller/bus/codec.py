@@ -17,6 +17,7 @@ import msgpack
 from controller.cluster import HostRecord, StoredEvent
 from controller.notices import Notice
 from controller.outputs import FeedEntry, Writes
+from controller.plainmemo import summary_plain
 from controller.types import Member, Placement
 from harmonaize.messages import HostEvent, HostSummary, JobDeclaration
 from harmonaize.schema import from_plain, to_plain
@@ -41,7 +42,7 @@ def _host(record: HostRecord) -> dict[str, Any]:
             "gpus": record.gpus, "version": record.version, "epoch": record.epoch,
             "last_seq": record.last_seq, "heartbeat": record.heartbeat, "alive": record.alive,
             "down_reason": record.down_reason,
-            "summary": None if record.summary is None else to_plain(record.summary)}
+            "summary": None if record.summary is None else summary_plain(record.summary)}
 
 
 def _record(plain: dict[str, Any]) -> HostRecord:

@@ -13,6 +13,10 @@ replica serves its tenants from there), send hosts what the core has for them, a
 answer requests. A new leader publishes again what the commits it read hold (a
 publication the feed already has is stored once: its id is the same), so tenants see
 each number once whichever leader numbered it.
+
+Longer than 400 lines: one term of leading (taking over, the batches, the fenced
+Commit, what goes out after it, stepping down) is kept in one place, so that "nothing
+leaves before the Commit that covers it" can be checked by reading one file.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import nats.errors
 import nats.js.errors
 
 from controller.bus import codec, requests, snapshots
+from controller.bus.frames import FrameReader
 from controller.bus.nats import (
     AGENTS,
     BEATS,
@@ -58,7 +63,6 @@ from controller.outputs import (
 from controller.publications import SENDER
 from controller.store import Store
 from harmonaize.messages import (
-    AGENT_KINDS,
     Ack,
     Envelope,
     ErrorCode,
@@ -66,7 +70,6 @@ from harmonaize.messages import (
     Reply,
     Resync,
     WireError,
-    decode,
     encode,
 )
 from harmonaize.opsocket import CommandError
@@ -81,6 +84,16 @@ log = logging.getLogger("harmonaize.controller.leader")
 
 #: The core's name for a host heard on the bus.
 BUS_PEER = b"bus:"
+#: Agents' frames applied under one Commit at most. A Commit costs a round trip to the
+#: bus, a transaction on the mirror and a tick of the core whatever it covers, so a
+#: backlog is taken in large batches; what waits for the batch to end (publications,
+#: answers) waits a little longer. 2,048 summaries make a Commit of about 0.5 MB, well
+#: under the bus's default message limit of 1 MB.
+MAX_BATCH = 2048
+#: Queue items (fetched batches of frames, beats, requests) taken into one batch at most.
+MAX_ITEMS = 64
+#: Seconds a leader stepping down waits for its tasks to end.
+STOP_WAIT = 5.0
 
 
 class StepDown(Exception):
@@ -92,8 +105,11 @@ def peer_of(host: str) -> bytes:
 
 
 class Leader:
-    def __init__(self, cfg: ControllerConfig, bus: Bus, epoch: int, mirror: Path) -> None:
+    def __init__(self, cfg: ControllerConfig, bus: Bus, epoch: int, mirror: Path, *,
+                 max_batch: int = MAX_BATCH) -> None:
         self.cfg = cfg
+        #: Agents' frames applied under one Commit at most (1: a Commit per frame).
+        self.max_batch = max(1, max_batch)
         self.bus = bus
         self.epoch = epoch
         #: The leader's own copy of the state (SQLite), which snapshots are made of.
@@ -106,6 +122,15 @@ class Leader:
         self.terms = 0
         self.took_over_at: float | None = None
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        #: Agents' frames read but left for the next batch (the last one was full).
+        self._carry: list[tuple[int, bytes, dict[str, str]]] = []
+        #: Frames decoded once per batch, repeated bodies taken from the host's last one.
+        self._frames = FrameReader()
+        #: Frames applied, and Commits stored, by this leader (the benchmark's counters).
+        self.applied = 0
+        self.commits = 0
+        #: The agents' stream position the last stored Commit covers.
+        self.committed = 0
         self._pending: dict[bytes, Msg] = {}
         #: Answers that depend on nothing stored (malformed requests), sent after a batch.
         self._replies: list[tuple[Msg, Reply]] = []
@@ -164,6 +189,7 @@ class Leader:
         self.store = Store(self.mirror_path, durable=False)
         self.commit_seq = int(self.store.get_meta("bus_commit_seq") or 0)
         self.agents_seq = int(self.store.get_meta("bus_agents_seq") or 0)
+        self.committed = self.agents_seq
         last = await self.bus.last_commit()
         again: list[FeedEntry] = []
         async for batch in self.bus.read(STATE, COMMIT_SUBJECT, self.commit_seq, until=last):
@@ -171,13 +197,53 @@ class Leader:
                 commit = codec.decode(data)
                 self.store.commit(commit.writes)
                 self.commit_seq, self.agents_seq = seq, commit.agents_seq
+                self.committed = self.agents_seq
                 again += commit.writes.feed_log
         if self.commit_seq < last:
             raise StepDown(f"the log holds commits to {last}, read to {self.commit_seq}")
         return again
 
     async def _lead(self, stop: asyncio.Event) -> None:
+        await self.take_over()
+        assert self.bus.nc is not None
+        subs = [await self.bus.nc.subscribe(BEATS, cb=self._beats),
+                await self.bus.nc.subscribe(LEADER_REQUEST, cb=self._request),
+                await self.bus.nc.subscribe(LEADER_ADMIN, cb=self._admin)]
+        tasks = [asyncio.create_task(self._read_agents()), asyncio.create_task(self._renew()),
+                 asyncio.create_task(self._timer())]
+        stopper = asyncio.create_task(stop.wait())
+        work = asyncio.create_task(self._work())
+        try:
+            done, _ = await asyncio.wait([stopper, work, *tasks],
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopper and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            everything = (*tasks, work, stopper)
+            for task in everything:
+                task.cancel()
+            # Waited for a while, not for ever: the NATS client can keep a fetch's wait
+            # from its cancellation (seen in leader-apply: a leader that never finished
+            # stepping down, so never released, never led again). A task left behind
+            # reads into this term's queue, which no later term uses, and then stops.
+            done, left = await asyncio.wait(everything, timeout=STOP_WAIT)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: the reason to step down was raised above
+            if left:
+                log.warning("stepping down: %d task(s) did not end within %.0f s; left "
+                            "behind", len(left), STOP_WAIT)
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def take_over(self) -> None:
+        """Take over: the state as the log has it, its publications published again."""
         began = time.monotonic()
+        self._queue = asyncio.Queue()
+        self._carry = []
+        self._frames = FrameReader()
         again = await self._restore()
         assert self.store is not None
         restored = dataclasses.replace(self.store.restored(), feed_epoch=self.epoch)
@@ -194,35 +260,17 @@ class Leader:
         log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%.2f s)",
                  self.commit_seq, self.agents_seq, len(core.cluster.hosts),
                  time.monotonic() - began)
-        assert self.bus.nc is not None
-        subs = [await self.bus.nc.subscribe(BEATS, cb=self._beats),
-                await self.bus.nc.subscribe(LEADER_REQUEST, cb=self._request),
-                await self.bus.nc.subscribe(LEADER_ADMIN, cb=self._admin)]
-        tasks = [asyncio.create_task(self._read_agents()), asyncio.create_task(self._renew()),
-                 asyncio.create_task(self._timer())]
-        stopper = asyncio.create_task(stop.wait())
-        work = asyncio.create_task(self._work())
-        try:
-            done, _ = await asyncio.wait([stopper, work, *tasks],
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopper and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-        finally:
-            for task in (*tasks, work, stopper):
-                task.cancel()
-            for task in (*tasks, work, stopper):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            for sub in subs:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
 
     # --- inputs --------------------------------------------------------------------------
 
     async def _read_agents(self) -> None:
-        async for batch in self.bus.read(AGENTS, "hz.agents.>", self.agents_seq):
-            await self._queue.put(("agents", batch))
+        queue = self._queue  # this term's: a reader left behind must not feed the next
+        # Fetched as much at a time as a batch takes: a backlog is read in few round trips.
+        async for batch in self.bus.read(AGENTS, "hz.agents.>", self.agents_seq,
+                                         batch=max(256, min(self.max_batch, 4096))):
+            if queue is not self._queue:
+                return
+            await queue.put(("agents", batch))
 
     async def _beats(self, msg: Msg) -> None:
         with contextlib.suppress(ValueError, TypeError):
@@ -267,46 +315,80 @@ class Leader:
 
     async def _work(self) -> None:
         while True:
-            items = [await self._queue.get()]
-            while not self._queue.empty() and len(items) < 64:
-                items.append(self._queue.get_nowait())
-            core = self.core
-            assert core is not None
-            now, wall = time.monotonic(), time.time()
-            outputs: list[Output] = []
-            for kind, item in items:
-                if kind == "agents":
-                    outputs += self._agents(core, item, now)
-                elif kind == "beats":
-                    for host in item:
-                        if host in core.cluster.hosts:
-                            outputs += core.receive(AgentPeer(peer_of(host), host), Envelope(
-                                "heartbeat", host, 0, wall, Heartbeat(0.0, 0)), now)
-                elif kind == "request":
-                    outputs += self._tenant_request(core, item, now)
-                elif kind == "admin":
-                    outputs += await self._admin_request(core, item, now, wall)
-            outputs += core.tick(now, wall)
-            await self._execute(outputs)
-            replies, self._replies = self._replies, []
-            for msg, reply in replies:
-                await msg.respond(msgpack.packb(to_plain(reply)))
-            if now - self._snapshot_at >= self.cfg.cluster.snapshot_interval:
-                self._snapshot_at = now
-                await self._snapshot()
+            await self.apply(await self._batch())
+
+    async def _batch(self) -> list[tuple[str, Any]]:
+        """The next batch: what waits in the queue, in its order, with at most
+        ``max_batch`` agents' frames (the rest is carried to the next batch, ahead of
+        anything queued after it)."""
+        items: list[tuple[str, Any]] = []
+        room = self.max_batch
+        first = None if self._carry else await self._queue.get()
+        while len(items) < MAX_ITEMS:
+            if first is not None:
+                (kind, item), first = first, None
+            elif self._carry:
+                kind, item = "agents", self._carry
+                self._carry = []
+            elif not self._queue.empty():
+                kind, item = self._queue.get_nowait()
+            else:
+                break
+            if kind == "agents":
+                if room == 0:
+                    self._carry = item
+                    break
+                if len(item) > room:
+                    item, self._carry = item[:room], item[room:]
+                room -= len(item)
+            items.append((kind, item))
+        return items
+
+    async def apply(self, items: list[tuple[str, Any]]) -> None:
+        """One batch: every item applied to the core, one tick, then its outputs in order:
+        the batch's Commit stored (fenced) before anything that depends on it goes out.
+        Raises :class:`StepDown` when the Commit is refused: then nothing of the batch
+        was stored, published, sent or answered (the next leader applies its frames
+        again from the agents' stream, from the last stored Commit's position)."""
+        core = self.core
+        assert core is not None
+        now, wall = time.monotonic(), time.time()
+        outputs: list[Output] = []
+        for kind, item in items:
+            if kind == "agents":
+                outputs += self._agents(core, item, now)
+            elif kind == "beats":
+                for host in item:
+                    if host in core.cluster.hosts:
+                        outputs += core.receive(AgentPeer(peer_of(host), host), Envelope(
+                            "heartbeat", host, 0, wall, Heartbeat(0.0, 0)), now)
+            elif kind == "request":
+                outputs += self._tenant_request(core, item, now)
+            elif kind == "admin":
+                outputs += await self._admin_request(core, item, now, wall)
+        outputs += core.tick(now, wall)
+        await self._execute(outputs)
+        replies, self._replies = self._replies, []
+        for msg, reply in replies:
+            await msg.respond(msgpack.packb(to_plain(reply)))
+        if now - self._snapshot_at >= self.cfg.cluster.snapshot_interval:
+            self._snapshot_at = now
+            await self._snapshot()
 
     def _agents(self, core: ControllerCore, batch: list[tuple[int, bytes, dict[str, str]]],
                 now: float) -> list[Output]:
         out: list[Output] = []
+        frames = self._frames
         for seq, data, head in batch:
             self.agents_seq = seq
             host = head.get("hz-host", "")
             try:
-                env = decode(data, allowed=AGENT_KINDS)
+                env = frames.read(host, data)
             except WireError as exc:  # a replica stored only what it could decode
                 log.warning("agents' stream %d (%s): not a frame: %s", seq, host, exc)
                 continue
             out += core.receive(AgentPeer(peer_of(host), host), env, now)
+        self.applied += len(batch)
         return out
 
     def _tenant_request(self, core: ControllerCore, msg: Msg, now: float) -> list[Output]:
@@ -371,10 +453,13 @@ class Leader:
         except Fenced:
             raise StepDown("another leader stored a commit") from None
         self.commit_seq = stored.seq
+        self.commits += 1
+        self.committed = self.agents_seq
         assert self.store is not None
-        self.store.commit(commit.writes)
-        self.store.set_meta("bus_commit_seq", self.commit_seq)
-        self.store.set_meta("bus_agents_seq", self.agents_seq)
+        # The positions in the same transaction as the writes: a mirror never says it
+        # holds a commit it holds only part of.
+        self.store.commit(commit.writes, meta={"bus_commit_seq": self.commit_seq,
+                                               "bus_agents_seq": self.agents_seq})
         for entry in commit.writes.feed_log:
             await self._publish(entry)
 

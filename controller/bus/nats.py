@@ -45,6 +45,7 @@ from controller.bus.ingest import HostLog
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
+    from nats.aio.msg import Msg
     from nats.js.client import JetStreamContext
     from nats.js.kv import KeyValue
 
@@ -72,6 +73,17 @@ def agent_subject(host: str) -> str:
 
 def to_agent_subject(host: str) -> str:
     return f"hz.to-agent.{host}"
+
+
+def stream_seq(msg: Msg) -> int:
+    """A delivered message's stream position, read from its reply subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<position>...``) without the client's
+    full metadata (timestamps, a dataclass), which cost more than the leader's
+    applying of a repeated summary; the client's parse for any other form."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5])
+    return msg.metadata.sequence.stream
 
 
 class Fenced(Exception):
@@ -235,6 +247,7 @@ class Bus:
                         opt_start_seq=position + 1, ack_policy=api.AckPolicy.NONE,
                         inactive_threshold=30.0, mem_storage=True, num_replicas=1))
             except (APIError, TimeoutError, nats.errors.Error) as exc:
+                self._closed_under_us()
                 log.debug("reading %s from %d: %s; again", stream, position, exc)
                 await asyncio.sleep(wait)
                 continue
@@ -248,18 +261,26 @@ class Bus:
                         continue
                     out = []
                     for msg in msgs:
-                        seq = msg.metadata.sequence.stream
+                        seq = stream_seq(msg)
                         if seq > position and (until is None or seq <= until):
                             position = seq
                             out.append((seq, msg.data, dict(msg.headers or {})))
                     if out:
                         yield out
             except (APIError, nats.errors.Error) as exc:
+                self._closed_under_us()
                 log.info("reading %s from %d: %s; making the consumer again", stream,
                          position, exc)
             finally:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
+
+    def _closed_under_us(self) -> None:
+        """A closed connection ends the reading (it never comes back; a reconnecting one
+        does). Its client answers a cancelled wait with "connection closed" instead of
+        the cancellation, so a reader that tried again would never end."""
+        if self.nc is not None and self.nc.is_closed:
+            raise nats.errors.ConnectionClosedError
 
     async def head(self, stream: str) -> int:
         assert self.js is not None

@@ -27,7 +27,7 @@ audit). The audit hook is set on ``codec`` itself (``harmonaize/wireaudit.py``).
 
 from __future__ import annotations
 
-from harmonaize.messages.codec import Envelope, audit, auditing, decode, encode
+from harmonaize.messages.codec import Envelope, audit, auditing, check_head, decode, encode
 from harmonaize.messages.core import (
     MAGIC,
     MAX_FRAME,
@@ -157,5 +157,6 @@ __all__ = [
     "Status", "Subscribe", "Subscribed", "SwitchState", "Topic", "Trend", "TuningAck",
     "TuningArm", "TuningRange", "TuningReport", "TuningResolve", "TuningStatus", "Urgency",
     "ValidationAnswer", "ValidationCause", "ValidationDecision", "ValidationNotice",
-    "WireError", "audit", "auditing", "decode", "encode", "kinds", "message", "registered",
+    "WireError", "audit", "auditing", "check_head", "decode", "encode", "kinds", "message",
+    "registered",
 ]

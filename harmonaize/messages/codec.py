@@ -82,6 +82,29 @@ class _Header:
     time: Timestamp
 
 
+def check_head(head: list[object], allowed: Collection[str] | None = None
+               ) -> tuple[type[Message], _Header]:
+    """The envelope's first six elements (magic, version, kind, sender, seq, time)
+    checked: the body's class and the header. Raises only :class:`WireError`."""
+    magic, version, kind, sender, seq, stamp = head
+    if magic != MAGIC:
+        raise WireError("bad magic: not a HarmonAIze frame")
+    if version != VERSION or isinstance(version, bool):
+        raise WireError(f"unsupported wire version {version!r:.20} (this side speaks {VERSION})")
+    try:
+        header = from_plain(_Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
+    except SchemaError as exc:
+        raise WireError(str(exc)) from None
+    # The envelope is read: from here a refusal names the request's number (an unknown
+    # kind too, so a client's "the answer to my request n" holds).
+    cls = registered(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise WireError.of_request(f"unknown message kind {kind!r:.60}", header.seq)
+    if allowed is not None and kind not in allowed:
+        raise WireError.of_request(f"message kind {kind!r} is not accepted here", header.seq)
+    return cls, header
+
+
 def decode(data: bytes, *, allowed: Collection[str] | None = None,
            strict: bool = False) -> Envelope:
     """Parse an untrusted frame. Raises only :class:`WireError`.
@@ -111,22 +134,9 @@ def decode(data: bytes, *, allowed: Collection[str] | None = None,
         raise WireError(f"not a valid msgpack frame: {exc}") from None
     if not isinstance(frame, list) or len(frame) != 7:
         raise WireError("frame is not a 7-element envelope")
-    magic, version, kind, sender, seq, stamp, body = frame
-    if magic != MAGIC:
-        raise WireError("bad magic: not a HarmonAIze frame")
-    if version != VERSION or isinstance(version, bool):
-        raise WireError(f"unsupported wire version {version!r:.20} (this side speaks {VERSION})")
-    try:
-        header = from_plain(_Header, {"sender": sender, "seq": seq, "time": stamp}, "envelope")
-    except SchemaError as exc:
-        raise WireError(str(exc)) from None
-    # The envelope is read: from here a refusal names the request's number (an unknown
-    # kind too, so a client's "the answer to my request n" holds).
-    cls = registered(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise WireError.of_request(f"unknown message kind {kind!r:.60}", header.seq)
-    if allowed is not None and kind not in allowed:
-        raise WireError.of_request(f"message kind {kind!r} is not accepted here", header.seq)
+    cls, header = check_head(frame[:6], allowed)
+    body = frame[6]
+    kind = frame[2]
     try:
         if strict:
             with strict_keys():
