@@ -6,9 +6,6 @@ whatever it believes; a replica that lost a host to another cannot store for it.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,27 +18,8 @@ from controller.bus.nats import (
     agent_subject,
 )
 from controller.config import ClusterSection
-from testbed.natscluster import nats_server, wait_for
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "nats.log").open("wb")
-    proc = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                             "-sd", str(tmp_path / "js")], stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: b"Server is ready" in (tmp_path / "nats.log").read_bytes(), 30,
-                 "nats-server")
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
 
 
 def bus(url: str, name: str, lease: float = 1.0) -> Bus:

@@ -8,9 +8,7 @@ its mirror or the feed, however many frames it held."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +20,10 @@ from controller.bus.nats import AGENTS, COMMIT_SUBJECT, FEED, STATE, Bus, agent_
 from controller.config import ControllerConfig, load
 from harmonaize import messages as m
 from harmonaize.messages import encode
-from testbed.natscluster import nats_server, wait_for
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.cluster
 
 EPOCH = 3
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = (tmp_path / "nats.log").open("wb")
-    proc = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                             "-sd", str(tmp_path / "js")], stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: b"Server is ready" in (tmp_path / "nats.log").read_bytes(), 30,
-                 "nats-server")
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
 
 
 def config(tmp_path: Path, url: str, name: str) -> ControllerConfig:
