@@ -1,0 +1,148 @@
+"""What the bus says happened: every Commit, feed entry and lease write with the time
+JetStream stored it, the agents' acknowledged head over time, each kill's figures
+worked out from those, and the feed's advisories counted against the acknowledged ones.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from nats.js.api import DeliverPolicy
+
+from controller.bus import codec
+from controller.bus.nats import COMMIT_SUBJECT, FEED, FEED_SUBJECT, LEASES, Bus
+from harmonaize import messages as m
+
+
+def agents_seq(data: bytes) -> int:
+    """A stored Commit's agents' position, without decoding its writes."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(data))
+    unpacker.feed(data)
+    for _ in range(unpacker.read_map_header()):
+        if unpacker.unpack() == "agents_seq":
+            return int(unpacker.unpack())
+        unpacker.skip()
+    raise ValueError("a commit without agents_seq")
+
+
+@dataclass
+class Watch:
+    """Every Commit, feed entry and lease write the bus stored, with its store time."""
+
+    commits: list[tuple[float, int]] = field(default_factory=list)  # (time, agents_seq)
+    feed: list[float] = field(default_factory=list)
+    leases: list[tuple[float, str]] = field(default_factory=list)  # (time, holder)
+
+    async def start(self, js: Any) -> list[Any]:
+        async def commit(msg: Any) -> None:
+            self.commits.append((msg.metadata.timestamp.timestamp(), agents_seq(msg.data)))
+
+        async def entry(msg: Any) -> None:
+            self.feed.append(msg.metadata.timestamp.timestamp())
+
+        async def lease(msg: Any) -> None:
+            if msg.data:  # a release or an expiry marker holds nothing
+                self.leases.append((msg.metadata.timestamp.timestamp(), msg.data.decode()))
+
+        return [await js.subscribe(COMMIT_SUBJECT, cb=commit, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.NEW),
+                await js.subscribe(FEED_SUBJECT, cb=entry, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.NEW),
+                await js.subscribe(f"$KV.{LEASES}.leader", cb=lease, ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.LAST)]
+
+    def covered(self) -> int:
+        return self.commits[-1][1] if self.commits else 0
+
+    def holder(self) -> str:
+        return self.leases[-1][1] if self.leases else ""
+
+
+@dataclass
+class Acks:
+    """The agents' stream's acknowledged head over time (every producer's acks)."""
+
+    times: list[float]
+    seqs: list[int]  # the running maximum
+
+    @classmethod
+    def of(cls, pairs: list[tuple[float, int]]) -> Acks:
+        pairs.sort()
+        times, seqs, top = [], [], 0
+        for at, seq in pairs:
+            top = max(top, seq)
+            times.append(at)
+            seqs.append(top)
+        return cls(times, seqs)
+
+    def head(self, at: float) -> int:
+        i = bisect.bisect_right(self.times, at)
+        return self.seqs[i - 1] if i else 0
+
+
+@dataclass
+class Kill:
+    victim: str
+    at: float
+    lease: float = math.nan  # seconds from the kill
+    commit: float = math.nan
+    feed: float = math.nan
+    backlog: int = 0
+    drain: float = math.nan  # seconds from the first Commit until the backlog is covered
+
+
+def measure(kill: Kill, watch: Watch, acks: Acks) -> None:
+    lease = next((t for t, h in watch.leases if t > kill.at and h != kill.victim), None)
+    if lease is None:
+        return
+    kill.lease = lease - kill.at
+    before = [s for t, s in watch.commits if t <= lease]
+    first = next(((t, s) for t, s in watch.commits if t > lease), None)
+    feed = next((t for t in watch.feed if t > lease), None)
+    if feed is not None:
+        kill.feed = feed - kill.at
+    if first is None:
+        return
+    kill.commit = first[0] - kill.at
+    target = acks.head(first[0])
+    kill.backlog = target - (before[-1] if before else 0)
+    done = next((t for t, s in watch.commits if t >= first[0] and s >= target), None)
+    if done is not None:
+        kill.drain = done - first[0]
+
+
+async def feed_topics(bus: Bus) -> tuple[dict[str, list[int]], Counter[str]]:
+    """HZ_FEED read whole, per job: its topic's numbers (every entry), its advisories."""
+    numbers: dict[str, list[int]] = {}
+    advisories: Counter[str] = Counter()
+    async for batch in bus.read(FEED, FEED_SUBJECT, 0, until=await bus.head(FEED)):
+        for _, data, _ in batch:
+            entry = codec.read_feed_entry(data)
+            if not entry.topic.startswith("job/"):
+                continue
+            job = entry.topic.rstrip("/").rsplit("/", 1)[1]
+            numbers.setdefault(job, []).append(entry.seq)
+            # The job's topic also has what placing it published: advisories counted.
+            if msgpack.unpackb(entry.frame, raw=False)[2] == m.JobAdvisory.KIND:
+                advisories[job] += 1
+    return numbers, advisories
+
+
+def tally(acked: Counter[str], numbers: dict[str, list[int]],
+          advisories: Counter[str]) -> tuple[int, int]:
+    """(lost, duplicates), per job: advisories in the feed short of those acknowledged,
+    or numbers missing from 1 to the topic's last; advisories beyond those
+    acknowledged, or numbers repeated."""
+    lost = duplicates = 0
+    for job in set(acked) | set(numbers):
+        seqs = numbers.get(job, [])
+        distinct = set(seqs)
+        holes = max(distinct, default=0) - len(distinct)
+        lost += max(acked[job] - advisories[job], holes, 0)
+        duplicates += max(advisories[job] - acked[job], len(seqs) - len(distinct), 0)
+    return lost, duplicates
