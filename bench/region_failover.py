@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -60,14 +58,31 @@ import nats
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import free_port, percentile, scratch, wait_until
-from bench.region.leaders import CANDIDATES, candidate, config, env, prepare
-from bench.region.load import RANKS, Plan, host_name, job_hosts, job_name, produce
-from bench.region.watch import Acks, Kill, Watch, feed_topics, measure, tally
-from controller.bus.nats import AGENTS, BEATS, LEADER_ADMIN, SNAPSHOTS, Bus
+from bench.region.leaders import (
+    CANDIDATES,
+    candidate,
+    config,
+    cpu_seconds,
+    env,
+    place_jobs,
+    prepare,
+    snapshot_at,
+)
+from bench.region.load import Plan, host_name, produce
+from bench.region.watch import (
+    Acks,
+    Kill,
+    Watch,
+    feed_topics,
+    measure,
+    restore_seconds,
+    summary,
+    tally,
+)
+from controller.bus.nats import AGENTS, BEATS, Bus
 from controller.config import load
 from testbed.natscluster import nats_server
 
-TENANT = "acme"
 #: Host names in one beat message (a replica's share of a region: 100,000 / 48).
 BEAT_CHUNK = 4096
 BEAT_INTERVAL = 0.5
@@ -156,29 +171,6 @@ class Region:
     async def head(self) -> int:
         return (await self.js.stream_info(AGENTS)).state.last_seq
 
-    async def place_jobs(self) -> None:
-        for j, index in enumerate(job_hosts(self.args.hosts, self.args.jobs)):
-            members = [{"name": str(r), "host": host_name(index)} for r in range(RANKS)]
-            request = {"command": "place", "args": {"job": job_name(j), "tenant": TENANT,
-                                                    "members": members}}
-            for _ in range(20):
-                with contextlib.suppress(Exception):
-                    reply = await self.nc.request(LEADER_ADMIN, msgpack.packb(request),
-                                                  timeout=10.0)
-                    answer = msgpack.unpackb(reply.data, raw=False)
-                    if "result" in answer and not answer["result"].get("unknown_hosts"):
-                        break
-                await asyncio.sleep(0.5)
-            else:
-                raise SystemExit(f"region-failover: the leader did not place {job_name(j)}")
-
-    async def snapshot_at(self) -> int:
-        store = await self.js.object_store(SNAPSHOTS)
-        with contextlib.suppress(Exception):
-            return max((int(o.name.split("-")[1].split(".")[0]) for o in await store.list()
-                        if o.name.startswith("leader-")), default=0)
-        return 0
-
     async def run(self) -> int:
         args = self.args
         self.nc = await nats.connect(self.url)
@@ -210,23 +202,32 @@ class Region:
                          "leader applying the warm-up")
         print(f"warm-up applied by {self.watch.holder()} in {time.monotonic() - began:.1f} s "
               f"(from its start)", flush=True)
-        await self.place_jobs()  # each answered once the Commit that placed it is stored
+        # Each placement is answered once the Commit that made it is stored.
+        await place_jobs(self.nc, self.args.hosts, self.args.jobs)
         state = await self.js.stream_info("HZ_STATE")
         covered = state.state.last_seq
         began = time.monotonic()
-        while await self.snapshot_at() < covered:
+        while await snapshot_at(self.js) < covered:
             self.alive()
             if time.monotonic() - began > args.snapshot + args.limit:
                 raise SystemExit("region-failover: no snapshot of the warmed state")
             await asyncio.sleep(0.5)
         print(f"{args.jobs} jobs placed; a snapshot of the state at commit "
-              f"{await self.snapshot_at()} (waited {time.monotonic() - began:.1f} s)",
+              f"{await snapshot_at(self.js)} (waited {time.monotonic() - began:.1f} s)",
               flush=True)
         await self.say("go", None)
         load_began, self.load_at = time.monotonic(), time.time()
+        cpu0 = {name: cpu_seconds(proc.pid) for name, proc in self.procs.items()}
         kills: list[Kill] = []
         acks_live: list[tuple[float, int]] = []
         await asyncio.sleep(args.settle)
+        holder = self.watch.holder()
+        # The leader's own CPU under the load: how far this one core is from its ceiling.
+        share = (cpu_seconds(self.procs[holder].pid) - cpu0[holder]) / (
+            time.monotonic() - load_began)
+        print(f"leader {holder} under the load: {100 * share:.0f}% of a core "
+              f"({self.plan.rate + args.advisories:,.0f} frames/s stored; the machine "
+              f"shared)", flush=True)
         for n in range(args.kills):
             if time.monotonic() - load_began > args.duration - args.gap - 5:
                 print(f"region-failover: the load ends before kill {n + 1}: raise --duration",
@@ -262,6 +263,8 @@ class Region:
             await sub.unsubscribe()
         for kill in kills:
             measure(kill, self.watch, acks)
+            kill.restore = restore_seconds((self.work / f"{kill.successor}.log").read_text(),
+                                           kill.at) if kill.successor else math.nan
         lost, duplicates, entries = await self.check(results)
         return self.report(kills, results, acks, lost=lost, duplicates=duplicates,
                            entries=entries)
@@ -289,27 +292,14 @@ class Region:
         print(f"load: {frames:,} frames in {wall:.1f} s = {frames / wall:,.0f} frames/s "
               f"(producers at most {max(g['late'] for g in results):.2f} s behind their "
               f"schedule; {failed} stores not acknowledged)", flush=True)
-        for n, k in enumerate(kills, start=1):
-            print(f"kill {n} ({k.victim}): lease taken {k.lease:.2f} s, first Commit "
-                  f"{k.commit:.2f} s, feed again {k.feed:.2f} s after the kill; backlog "
-                  f"{k.backlog:,} frames ({k.backlog / self.plan.rate:.1f} s of load), "
-                  f"covered {k.drain:.2f} s after the first Commit", flush=True)
-        times = [k.commit for k in kills if not math.isnan(k.commit)]
-        steady = [acks.head(t) - s for t, s in self.watch.commits if t > self.load_at]
-        print(f"{len(times)} kills: failover (kill to the successor's first Commit) "
-              f"p99 {percentile(times, 99):.2f} s, median {statistics.median(times):.2f} s, "
-              f"max {max(times):.2f} s; feed again: median "
-              f"{statistics.median([k.feed for k in kills]):.2f} s, max "
-              f"{max(k.feed for k in kills):.2f} s; backlog at takeover median "
-              f"{statistics.median([k.backlog for k in kills]):,.0f} frames, max "
-              f"{max(k.backlog for k in kills):,}; covered after median "
-              f"{statistics.median([k.drain for k in kills]):.2f} s, max "
-              f"{max(k.drain for k in kills):.2f} s; behind at a Commit: median "
-              f"{statistics.median(steady):,.0f} frames, max {max(steady):,} "
-              f"(acknowledged, not yet covered by a stored Commit, during the load)", flush=True)
+        for n, kill in enumerate(kills, start=1):
+            print(kill.line(n, self.plan.rate), flush=True)
+        print(summary(kills, [acks.head(t) - s for t, s in self.watch.commits
+                              if t > self.load_at]), flush=True)
         print(f"{advised:,} advisories acknowledged, {entries:,} advisories in HZ_FEED: "
               f"lost {lost}, duplicates {duplicates}", flush=True)
-        if lost or duplicates or len(times) < len(kills) or not times:
+        times = [k.commit for k in kills]
+        if lost or duplicates or any(math.isnan(t) for t in times) or not times:
             print("region-failover: acknowledged advisories lost or duplicated, or a kill "
                   "without a successor", file=sys.stderr)
             return 1

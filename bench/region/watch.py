@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import msgpack
 from nats.js.api import DeliverPolicy
 
+from bench.common import percentile
 from controller.bus import codec
 from controller.bus.nats import COMMIT_SUBJECT, FEED, FEED_SUBJECT, LEASES, Bus
 from harmonaize import messages as m
@@ -94,6 +98,47 @@ class Kill:
     feed: float = math.nan
     backlog: int = 0
     drain: float = math.nan  # seconds from the first Commit until the backlog is covered
+    successor: str = ""
+    restore: float = math.nan  # the successor's own word: seconds to read the log
+
+    def line(self, n: int, rate: float) -> str:
+        return (f"kill {n} ({self.victim}, then {self.successor}): lease taken "
+                f"{self.lease:.2f} s, first Commit {self.commit:.2f} s, feed again "
+                f"{self.feed:.2f} s after the kill (its restore {self.restore:.2f} s); backlog "
+                f"{self.backlog:,} frames ({self.backlog / rate:.1f} s of load), covered "
+                f"{self.drain:.2f} s after the first Commit")
+
+
+def summary(kills: list[Kill], behind: list[int]) -> str:
+    """The kills' figures: the failover's p99, median and max, and the rest's spread."""
+    def spread(values: list[float], unit: str, form: str = ".2f") -> str:
+        return (f"median {statistics.median(values):{form}}{unit}, "
+                f"max {max(values):{form}}{unit}")
+
+    times = [k.commit for k in kills]
+    return (f"{len(kills)} kills: failover (kill to the successor's first Commit) p99 "
+            f"{percentile(times, 99):.2f} s, {spread(times, ' s')}; feed again "
+            f"{spread([k.feed for k in kills], ' s')}; successor's restore "
+            f"{spread([k.restore for k in kills], ' s')}; backlog at takeover "
+            f"{spread([k.backlog for k in kills], ' frames', ',.0f')}, covered after "
+            f"{spread([k.drain for k in kills], ' s')}; behind at a Commit during the load "
+            f"(acknowledged, not yet covered) {spread(behind or [0], ' frames', ',.0f')}")
+
+
+#: The leader's log line when it took over (controller/bus/leader.py: take_over).
+LEADING = re.compile(r"^(\S+ \S+) \S+ leading: .* \((\d+\.\d+) s\)$")
+
+
+def restore_seconds(log: str, after: float) -> float:
+    """The first takeover a leader's log tells of after ``after`` (its seconds to read
+    the snapshot and the commits since); NaN if none."""
+    for line in log.splitlines():
+        found = LEADING.match(line)
+        if found is not None:
+            at = datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").astimezone()
+            if at.timestamp() > after:
+                return float(found[2])
+    return math.nan
 
 
 def measure(kill: Kill, watch: Watch, acks: Acks) -> None:
@@ -101,6 +146,7 @@ def measure(kill: Kill, watch: Watch, acks: Acks) -> None:
     if lease is None:
         return
     kill.lease = lease - kill.at
+    kill.successor = next(h for t, h in watch.leases if t == lease)
     before = [s for t, s in watch.commits if t <= lease]
     first = next(((t, s) for t, s in watch.commits if t > lease), None)
     feed = next((t for t in watch.feed if t > lease), None)
