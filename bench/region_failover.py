@@ -72,6 +72,7 @@ from bench.region.load import Plan, host_name, produce
 from bench.region.watch import (
     Acks,
     Kill,
+    Tally,
     Watch,
     feed_topics,
     measure,
@@ -265,11 +266,10 @@ class Region:
             measure(kill, self.watch, acks)
             kill.restore = restore_seconds((self.work / f"{kill.successor}.log").read_text(),
                                            kill.at) if kill.successor else math.nan
-        lost, duplicates, entries = await self.check(results)
-        return self.report(kills, results, acks, lost=lost, duplicates=duplicates,
-                           entries=entries)
+        counted, entries = await self.check(results)
+        return self.report(kills, results, acks, counted=counted, entries=entries)
 
-    async def check(self, results: list[dict[str, Any]]) -> tuple[int, int, int]:
+    async def check(self, results: list[dict[str, Any]]) -> tuple[Tally, int]:
         """Per job: acknowledged advisories against HZ_FEED's entries for the job."""
         acked: Counter[str] = Counter()
         for got in results:
@@ -281,10 +281,10 @@ class Region:
             numbers, advisories = await feed_topics(bus)
         finally:
             await bus.close()
-        return (*tally(acked, numbers, advisories), sum(advisories.values()))
+        return tally(acked, numbers, advisories), sum(map(len, advisories.values()))
 
     def report(self, kills: list[Kill], results: list[dict[str, Any]], acks: Acks, *,
-               lost: int, duplicates: int, entries: int) -> int:
+               counted: Tally, entries: int) -> int:
         frames = sum(g["frames"] for g in results)
         wall = max(g["wall"] for g in results)
         failed = sum(g["failed"] for g in results)
@@ -297,9 +297,11 @@ class Region:
         print(summary(kills, [acks.head(t) - s for t, s in self.watch.commits
                               if t > self.load_at]), flush=True)
         print(f"{advised:,} advisories acknowledged, {entries:,} advisories in HZ_FEED: "
-              f"lost {lost}, duplicates {duplicates}", flush=True)
+              f"lost {counted.lost}, duplicates {counted.duplicates} ({counted.stored_twice} "
+              f"entries stored twice, {counted.numbered_twice} advisories numbered twice)",
+              flush=True)
         times = [k.commit for k in kills]
-        if lost or duplicates or any(math.isnan(t) for t in times) or not times:
+        if counted.lost or counted.duplicates or any(math.isnan(t) for t in times) or not times:
             print("region-failover: acknowledged advisories lost or duplicated, or a kill "
                   "without a successor", file=sys.stderr)
             return 1

@@ -162,10 +162,11 @@ def measure(kill: Kill, watch: Watch, acks: Acks) -> None:
         kill.drain = done - first[0]
 
 
-async def feed_topics(bus: Bus) -> tuple[dict[str, list[int]], Counter[str]]:
-    """HZ_FEED read whole, per job: its topic's numbers (every entry), its advisories."""
+async def feed_topics(bus: Bus) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """HZ_FEED read whole, per job: its topic's numbers (every entry), and its
+    advisories' numbers."""
     numbers: dict[str, list[int]] = {}
-    advisories: Counter[str] = Counter()
+    advisories: dict[str, list[int]] = {}
     async for batch in bus.read(FEED, FEED_SUBJECT, 0, until=await bus.head(FEED)):
         for _, data, _ in batch:
             entry = codec.read_feed_entry(data)
@@ -175,20 +176,31 @@ async def feed_topics(bus: Bus) -> tuple[dict[str, list[int]], Counter[str]]:
             numbers.setdefault(job, []).append(entry.seq)
             # The job's topic also has what placing it published: advisories counted.
             if msgpack.unpackb(entry.frame, raw=False)[2] == m.JobAdvisory.KIND:
-                advisories[job] += 1
+                advisories.setdefault(job, []).append(entry.seq)
     return numbers, advisories
 
 
+@dataclass
+class Tally:
+    lost: int = 0  # acknowledged advisories with no entry, or numbers skipped
+    stored_twice: int = 0  # one entry (one number) in HZ_FEED more than once
+    numbered_twice: int = 0  # more advisories numbered than were acknowledged
+
+    @property
+    def duplicates(self) -> int:
+        return self.stored_twice + self.numbered_twice
+
+
 def tally(acked: Counter[str], numbers: dict[str, list[int]],
-          advisories: Counter[str]) -> tuple[int, int]:
-    """(lost, duplicates), per job: advisories in the feed short of those acknowledged,
-    or numbers missing from 1 to the topic's last; advisories beyond those
-    acknowledged, or numbers repeated."""
-    lost = duplicates = 0
+          advisories: dict[str, list[int]]) -> Tally:
+    """Per job: advisories numbered in the feed against those acknowledged, and the
+    topic's numbers from 1 to its last, each once."""
+    out = Tally()
     for job in set(acked) | set(numbers):
         seqs = numbers.get(job, [])
         distinct = set(seqs)
-        holes = max(distinct, default=0) - len(distinct)
-        lost += max(acked[job] - advisories[job], holes, 0)
-        duplicates += max(advisories[job] - acked[job], len(seqs) - len(distinct), 0)
-    return lost, duplicates
+        advised = len(set(advisories.get(job, [])))
+        out.lost += max(acked[job] - advised, max(distinct, default=0) - len(distinct), 0)
+        out.numbered_twice += max(advised - acked[job], 0)
+        out.stored_twice += len(seqs) - len(distinct)
+    return out
