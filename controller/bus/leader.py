@@ -136,6 +136,8 @@ class Leader:
         self._replies: list[tuple[Msg, Reply]] = []
         self._numbers = 0
         self._snapshot_at = 0.0
+        #: The commit the snapshot this term began from covers.
+        self._snapshot_seq = 0
 
     @property
     def leading(self) -> bool:
@@ -189,13 +191,17 @@ class Leader:
         self.store = Store(self.mirror_path, durable=False)
         self.commit_seq = int(self.store.get_meta("bus_commit_seq") or 0)
         self.agents_seq = int(self.store.get_meta("bus_agents_seq") or 0)
+        self._snapshot_seq = self.commit_seq
         self.committed = self.agents_seq
         last = await self.bus.last_commit()
         again: list[FeedEntry] = []
         async for batch in self.bus.read(STATE, COMMIT_SUBJECT, self.commit_seq, until=last):
             for seq, data, _ in batch:
                 commit = codec.decode(data)
-                self.store.commit(commit.writes)
+                # The positions with the writes, as the leader that stored it wrote them:
+                # a snapshot taken before this term's own first Commit says what it holds.
+                self.store.commit(commit.writes, meta={"bus_commit_seq": seq,
+                                                       "bus_agents_seq": commit.agents_seq})
                 self.commit_seq, self.agents_seq = seq, commit.agents_seq
                 self.committed = self.agents_seq
                 again += commit.writes.feed_log
@@ -256,7 +262,12 @@ class Leader:
         self.core = core
         self.terms += 1
         self.took_over_at = time.time()
-        self._snapshot_at = time.monotonic()
+        # Every successor reads, and publishes again, the log since the snapshot; with
+        # leaders that live shorter than snapshot_interval it would grow with every
+        # takeover (and a republication older than the bus's duplicate window is stored
+        # again), so a leader that read commits snapshots after its first batch.
+        self._snapshot_at = (time.monotonic() if self.commit_seq == self._snapshot_seq
+                             else -math.inf)
         log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%.2f s)",
                  self.commit_seq, self.agents_seq, len(core.cluster.hosts),
                  time.monotonic() - began)
