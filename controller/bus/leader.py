@@ -136,8 +136,6 @@ class Leader:
         self._replies: list[tuple[Msg, Reply]] = []
         self._numbers = 0
         self._snapshot_at = 0.0
-        #: The commit the snapshot this term began from covers.
-        self._snapshot_seq = 0
 
     @property
     def leading(self) -> bool:
@@ -191,7 +189,6 @@ class Leader:
         self.store = Store(self.mirror_path, durable=False)
         self.commit_seq = int(self.store.get_meta("bus_commit_seq") or 0)
         self.agents_seq = int(self.store.get_meta("bus_agents_seq") or 0)
-        self._snapshot_seq = self.commit_seq
         self.committed = self.agents_seq
         last = await self.bus.last_commit()
         again: list[FeedEntry] = []
@@ -199,7 +196,9 @@ class Leader:
             for seq, data, _ in batch:
                 commit = codec.decode(data)
                 # The positions with the writes, as the leader that stored it wrote them:
-                # a snapshot taken before this term's own first Commit says what it holds.
+                # a snapshot taken before this term's own first Commit (an idle term)
+                # says what it holds, not "nothing" (its successor would read the log
+                # from the start, purged up to this snapshot).
                 self.store.commit(commit.writes, meta={"bus_commit_seq": seq,
                                                        "bus_agents_seq": commit.agents_seq})
                 self.commit_seq, self.agents_seq = seq, commit.agents_seq
@@ -262,12 +261,7 @@ class Leader:
         self.core = core
         self.terms += 1
         self.took_over_at = time.time()
-        # Every successor reads, and publishes again, the log since the snapshot; with
-        # leaders that live shorter than snapshot_interval it would grow with every
-        # takeover (and a republication older than the bus's duplicate window is stored
-        # again), so a leader that read commits snapshots after its first batch.
-        self._snapshot_at = (time.monotonic() if self.commit_seq == self._snapshot_seq
-                             else -math.inf)
+        self._snapshot_at = time.monotonic()
         log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%.2f s)",
                  self.commit_seq, self.agents_seq, len(core.cluster.hosts),
                  time.monotonic() - began)

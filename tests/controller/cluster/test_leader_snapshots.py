@@ -1,11 +1,13 @@
-"""A successor that read commits since the snapshot takes a snapshot of its own after
-its first batch, whatever ``snapshot_interval`` says: leaders that each live shorter
-than the interval (region-failover kills one every few seconds) would otherwise leave
-every later successor a longer log to read and publish again, without end."""
+"""A snapshot taken in a term that stored no Commit of its own (an idle cluster, a
+leader that took over and had nothing to apply) says which commit and agents' position
+it holds: the positions come with each commit the term read, not only with its own.
+Before, such a snapshot said "nothing" while the log was purged up to it, and its
+successor took the agents' stream from the start."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,15 @@ from tests.controller.cluster.test_leader_batches import config, store_frames
 pytestmark = pytest.mark.cluster
 
 
-def test_a_successor_that_read_the_log_snapshots_after_its_first_batch(
+def test_a_snapshot_before_the_terms_own_first_commit_says_what_it_holds(
         server: str, tmp_path: Path) -> None:
     async def scenario() -> None:
         cfg_a, cfg_b = config(tmp_path, server, "a"), config(tmp_path, server, "b")
-        assert cfg_a.cluster.snapshot_interval == 3600  # no snapshot by the clock
+        assert cfg_a.cluster.snapshot_interval == 3600  # A takes none
+        # B's first snapshot comes a second into its term, before any Commit of its own
+        # (no new frames; its hosts are counted down after three heartbeats at most).
+        cfg_b = dataclasses.replace(cfg_b, cluster=dataclasses.replace(
+            cfg_b.cluster, snapshot_interval=1.0))
         door = Bus(cfg_a.cluster)
         await door.connect()
         bus_a, bus_b = Bus(cfg_a.cluster), Bus(cfg_b.cluster)
@@ -48,12 +54,13 @@ def test_a_successor_that_read_the_log_snapshots_after_its_first_batch(
             stop_b = asyncio.Event()
             task_b = asyncio.create_task(b.run(stop_b))
             await asyncio.wait_for(_until(lambda: b.leading), 30)
-            await asyncio.wait_for(_until_async(
-                lambda: _snapshot_covers(door, tmp_path / "seen.db"), logged), 30)
-            # What B read is the snapshot now; the commits before it are gone from the
-            # log but the last one (the next Commit is fenced on it).
+            first = await asyncio.wait_for(_first_snapshot(door, tmp_path / "seen.db"), 30)
+            assert b.commits == 0  # taken before B stored anything
+            assert first == (logged, head)
+            # The log is purged up to it: a successor that took it for "nothing" would
+            # have read from here with A's agents' position lost.
             assert door.js is not None
-            assert (await door.js.stream_info(STATE)).state.first_seq >= logged
+            assert (await door.js.stream_info(STATE)).state.first_seq == logged
             stop_b.set()
             await task_b
         finally:
@@ -65,14 +72,26 @@ def test_a_successor_that_read_the_log_snapshots_after_its_first_batch(
 
 async def _snapshot_covers(bus: Bus, path: Path) -> int:
     """The commit the newest snapshot covers (0: none)."""
+    return (await _snapshot(bus, path) or (0, 0))[0]
+
+
+async def _snapshot(bus: Bus, path: Path) -> tuple[int, int] | None:
+    """The newest snapshot's (commit, agents' position); None: no snapshot."""
     await fetch_newest(bus, path)
     if not path.exists():
-        return 0
+        return None
     store = Store(path, durable=False)
     try:
-        return int(store.get_meta("bus_commit_seq") or 0)
+        return (int(store.get_meta("bus_commit_seq") or 0),
+                int(store.get_meta("bus_agents_seq") or 0))
     finally:
         store.close()
+
+
+async def _first_snapshot(bus: Bus, path: Path) -> tuple[int, int]:
+    while (found := await _snapshot(bus, path)) is None:
+        await asyncio.sleep(0.02)
+    return found
 
 
 async def _until(predicate: Any) -> None:
@@ -80,6 +99,3 @@ async def _until(predicate: Any) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _until_async(value: Any, at_least: int) -> None:
-    while await value() < at_least:
-        await asyncio.sleep(0.05)
