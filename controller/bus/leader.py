@@ -208,6 +208,17 @@ class Leader:
             raise StepDown(f"the log holds commits to {last}, read to {self.commit_seq}")
         return again
 
+    async def _log_age(self) -> float:
+        """Seconds since the log's oldest commit was stored (the newest snapshot's own,
+        which the purge keeps); 0 for an empty log, or one the bus would not tell."""
+        assert self.bus.js is not None
+        with contextlib.suppress(Exception):
+            first = (await self.bus.js.stream_info(STATE)).state.first_seq
+            oldest = await self.bus.js.get_msg(STATE, first)
+            if oldest.time is not None:
+                return max(0.0, time.time() - oldest.time.timestamp())
+        return 0.0
+
     async def _lead(self, stop: asyncio.Event) -> None:
         await self.take_over()
         assert self.bus.nc is not None
@@ -261,7 +272,11 @@ class Leader:
         self.core = core
         self.terms += 1
         self.took_over_at = time.time()
-        self._snapshot_at = time.monotonic()
+        # The interval counts from the oldest commit a successor would read, not from
+        # this takeover: leaders that each live shorter than it would otherwise never
+        # snapshot, and each successor would read (and publish again) a longer log, its
+        # oldest publications past the bus's duplicate window, so stored again.
+        self._snapshot_at = time.monotonic() - await self._log_age()
         log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%.2f s)",
                  self.commit_seq, self.agents_seq, len(core.cluster.hosts),
                  time.monotonic() - began)

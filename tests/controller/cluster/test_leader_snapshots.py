@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,42 @@ async def _until(predicate: Any) -> None:
         await asyncio.sleep(0.01)
 
 
+
+
+def test_the_snapshot_interval_counts_from_the_logs_oldest_commit(
+        server: str, tmp_path: Path) -> None:
+    """Leaders that each live shorter than ``snapshot_interval`` still snapshot: a
+    successor whose log is older than the interval takes one after its first batch."""
+    async def scenario() -> None:
+        cfg_a, cfg_b = config(tmp_path, server, "a"), config(tmp_path, server, "b")
+        short = dataclasses.replace(cfg_b, cluster=dataclasses.replace(
+            cfg_b.cluster, snapshot_interval=1.0))
+        door = Bus(cfg_a.cluster)
+        await door.connect()
+        bus_a = Bus(cfg_a.cluster)
+        await bus_a.connect()
+        try:
+            await store_frames(door, "h1", 1, 10)
+            head = await door.head("HZ_AGENTS")
+            epoch = await door.epoch()
+            a = Leader(cfg_a, bus_a, epoch, tmp_path / "a.mirror")
+            stop_a = asyncio.Event()
+            task_a = asyncio.create_task(a.run(stop_a))
+            await asyncio.wait_for(_until(lambda: a.committed == head), 30)
+            stop_a.set()
+            await task_a
+            # A successor under a long interval: its log is young, nothing is due.
+            patient = Leader(cfg_b, door, epoch, tmp_path / "b.mirror")
+            await patient.take_over()
+            assert time.monotonic() - patient._snapshot_at < cfg_b.cluster.snapshot_interval
+            patient.store.close()  # type: ignore[union-attr]
+            await asyncio.sleep(1.1)  # the log is now older than a 1 s interval
+            hurried = Leader(short, door, epoch, tmp_path / "c.mirror")
+            await hurried.take_over()
+            assert time.monotonic() - hurried._snapshot_at >= 1.0  # due at the first batch
+            hurried.store.close()  # type: ignore[union-attr]
+        finally:
+            for bus in (door, bus_a):
+                await bus.close()
+
+    asyncio.run(scenario())
