@@ -139,3 +139,59 @@ def test_the_snapshot_interval_counts_from_the_logs_oldest_commit(
                 await bus.close()
 
     asyncio.run(scenario())
+
+
+def test_an_older_snapshot_never_replaces_a_newer_one(server: str, tmp_path: Path) -> None:
+    """A deposed leader that still snapshots (its mirror as of an older commit) stores
+    nothing once a newer snapshot is stored: before, it deleted the newer one, whose
+    leader had purged the commits between the two, and a successor lost them."""
+    async def scenario() -> None:
+        cfg = config(tmp_path, server, "a")
+        door = Bus(cfg.cluster)
+        await door.connect()
+        try:
+            epoch = await door.epoch()
+            await store_frames(door, "h1", 1, 10)
+            await _lead_to_head(cfg, door, epoch, tmp_path / "a.mirror")
+            deposed = Leader(cfg, door, epoch, tmp_path / "old.mirror")
+            await deposed.take_over()  # its mirror stays at this commit
+            older = deposed.commit_seq
+            await store_frames(door, "h1", 11, 30)
+            await _lead_to_head(cfg, door, epoch, tmp_path / "b.mirror")
+            current = Leader(cfg, door, epoch, tmp_path / "new.mirror")
+            await current.take_over()
+            newer = current.commit_seq
+            assert newer > older + 1  # commits between the two that the purge removes
+            await current._snapshot()
+            assert await _snapshot_covers(door, tmp_path / "seen.db") == newer
+            assert door.js is not None
+            assert (await door.js.stream_info(STATE)).state.first_seq == newer
+            await deposed._snapshot()  # late: a newer snapshot is stored
+            assert await _snapshot_covers(door, tmp_path / "seen.db") == newer
+            # A successor has every commit: the newest snapshot, then the log after it.
+            successor = Leader(cfg, door, epoch, tmp_path / "c.mirror")
+            await successor.take_over()
+            assert successor.commit_seq == newer
+            assert successor.agents_seq == await door.head("HZ_AGENTS")
+            for leader in (deposed, current, successor):
+                leader.store.close()  # type: ignore[union-attr]
+        finally:
+            await door.close()
+
+    asyncio.run(scenario())
+
+
+async def _lead_to_head(cfg: Any, bus: Bus, epoch: int, mirror: Path) -> None:
+    """A term that applies every stored frame (a Commit per 8), then ends."""
+    own = Bus(cfg.cluster)
+    await own.connect()
+    try:
+        head = await bus.head("HZ_AGENTS")
+        leader = Leader(cfg, own, epoch, mirror, max_batch=8)
+        stop = asyncio.Event()
+        task = asyncio.create_task(leader.run(stop))
+        await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
+        stop.set()
+        await task
+    finally:
+        await own.close()
