@@ -220,23 +220,36 @@ class Leader:
         return 0.0
 
     async def _lead(self, stop: asyncio.Event) -> None:
-        await self.take_over()
-        assert self.bus.nc is not None
-        subs = [await self.bus.nc.subscribe(BEATS, cb=self._beats),
-                await self.bus.nc.subscribe(LEADER_REQUEST, cb=self._request),
-                await self.bus.nc.subscribe(LEADER_ADMIN, cb=self._admin)]
-        tasks = [asyncio.create_task(self._read_agents()), asyncio.create_task(self._renew()),
-                 asyncio.create_task(self._timer())]
+        # The lease is renewed from the start, the restore included: a restore longer
+        # than the lease would otherwise hand leadership on mid-takeover (and the next
+        # leader would restore as long again).
+        renew = asyncio.create_task(self._renew())
         stopper = asyncio.create_task(stop.wait())
-        work = asyncio.create_task(self._work())
+        taking = asyncio.create_task(self.take_over())
+        tasks = [renew]
+        everything: list[asyncio.Task[Any]] = [taking, renew, stopper]
+        subs = []
         try:
+            await asyncio.wait([taking, renew, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if not taking.done():  # the lease was lost, or the replica stops, first
+                if renew.done() and renew.exception() is not None:
+                    raise renew.exception()  # type: ignore[misc]
+                return
+            taking.result()
+            assert self.bus.nc is not None
+            subs = [await self.bus.nc.subscribe(BEATS, cb=self._beats),
+                    await self.bus.nc.subscribe(LEADER_REQUEST, cb=self._request),
+                    await self.bus.nc.subscribe(LEADER_ADMIN, cb=self._admin)]
+            tasks += [asyncio.create_task(self._read_agents()),
+                      asyncio.create_task(self._timer())]
+            work = asyncio.create_task(self._work())
+            everything += [*tasks[1:], work]
             done, _ = await asyncio.wait([stopper, work, *tasks],
                                          return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is not stopper and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
-            everything = (*tasks, work, stopper)
             for task in everything:
                 task.cancel()
             # Waited for a while, not for ever: the NATS client can keep a fetch's wait

@@ -195,3 +195,42 @@ async def _lead_to_head(cfg: Any, bus: Bus, epoch: int, mirror: Path) -> None:
         await task
     finally:
         await own.close()
+
+
+def test_the_lease_is_renewed_while_restoring(server: str, tmp_path: Path) -> None:
+    """A restore three leases long is one takeover: the lease is renewed during it.
+    Before, it was renewed only once the restore ended, by which time it had expired;
+    the leader stepped down at its first renewal and took over a second time."""
+    async def scenario() -> None:
+        cfg = config(tmp_path, server, "a")
+        lease = cfg.cluster.lease
+        bus = Bus(cfg.cluster)
+        await bus.connect()
+        try:
+            await store_frames(bus, "h1", 1, 10)
+            head = await bus.head("HZ_AGENTS")
+            leader = Leader(cfg, bus, await bus.epoch(), tmp_path / "a.mirror")
+            restore = leader._restore
+            slow = [True]
+
+            async def slow_restore() -> Any:
+                again = await restore()
+                if slow.pop() if slow else False:  # the first takeover only
+                    await asyncio.sleep(3 * lease)
+                return again
+
+            leader._restore = slow_restore  # type: ignore[method-assign]
+            stop = asyncio.Event()
+            task = asyncio.create_task(leader.run(stop))
+            try:
+                await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
+                await asyncio.sleep(2 * lease)  # several renewals after the restore
+                assert leader.leading
+                assert leader.terms == 1
+            finally:
+                stop.set()
+                await task
+        finally:
+            await bus.close()
+
+    asyncio.run(scenario())
