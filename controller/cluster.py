@@ -63,10 +63,20 @@ class HostRecord:
     down_reason: str = ""
     last_seen: float = 0.0  # monotonic time of the last message
     summary: HostSummary | None = None
+    #: The last view made and what it was made of: every change in any batch asks for
+    #: every host's view, and most hosts' are as they were.
+    _view: HostState | None = field(default=None, init=False, compare=False, repr=False)
+    _view_of: tuple[object, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def view(self) -> HostState:
         summary = self.summary
-        return HostState(
+        # Compared by identity first (a tuple's items are): a summary that came again
+        # unchanged is not the one received before, and is compared by value then.
+        of = (self.host_id, self.pool, self.gpu_class, self.alive, summary)
+        if self._view is not None and self._view_of == of:
+            return self._view
+        self._view_of = of
+        self._view = HostState(
             host_id=self.host_id,
             pool=self.pool,
             gpu_class=self.gpu_class,
@@ -77,6 +87,7 @@ class HostRecord:
             links=summary.links if summary else (),
             energy=summary.energy if summary else (),
         )
+        return self._view
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,19 @@ class Cluster:
         if host_id in self.hosts:
             self.bindings[conn] = host_id
             self.conn_of[host_id] = conn
+
+    def beat(self, conn: bytes, sender: str, now: float) -> bool:
+        """A heartbeat from ``sender`` on ``conn``: True when it was the common case (the
+        connection bound to that host, which is up), done as :meth:`receive` does it;
+        False when :meth:`receive` must see the whole message (it did nothing then)."""
+        host_id = self.bindings.get(conn)
+        if host_id is None or host_id != sender:
+            return False
+        host = self.hosts[host_id]
+        if not host.alive:
+            return False
+        host.last_seen = now
+        return True
 
     def receive(self, conn: bytes, env: Envelope, now: float) -> list[Reply]:
         body = env.body

@@ -74,6 +74,7 @@ class AgentMessages(CoreState):
     _tuning: dict[str, Mapping[str, Any] | None]
     _staged: bool
     _stepped_at: float
+    _now: float
 
     if TYPE_CHECKING:  # in controller/coretenants.py
         def _declarations_for(self, host_id: str, conn: bytes) -> list[Output]: ...
@@ -114,6 +115,20 @@ class AgentMessages(CoreState):
                 and self.cluster.bindings.get(peer.conn) == message.sender):
             self._held += self._declarations_for(message.sender, peer.conn)
         return at_once
+
+    def heartbeat(self, peer: AgentPeer, sender: str, now: float) -> bool:
+        """A well-formed heartbeat from ``sender`` (controller/heartbeats.py read it):
+        True when it was handled as :meth:`receive` would handle its message; False when
+        it is anything but the common case (a key speaking for another host, an unbound
+        connection, a host that was down, the disk full), for :meth:`receive` to see
+        whole. It did nothing then."""
+        if ((peer.host is not None and sender != peer.host) or self.storage_paused
+                or not self.cluster.beat(peer.conn, sender, now)):
+            return False
+        self._now = now
+        self.frames += 1
+        self._staged = True
+        return True
 
     def _reject(self, reason: str, detail: str, now: float) -> None:
         self.rejected[reason] += 1
