@@ -63,6 +63,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds per kind of thread (the Python loop, ZeroMQ's I/O threads, the rest)."""
+    out: dict[str, float] = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+            fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a thread that ended
+        kind = "loop" if int(task) == pid else "zmq-io" if "ZMQbg/IO" in comm else "other"
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf(
+            "SC_CLK_TCK")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", default="2500,5000,10000,15000,19000")
@@ -258,13 +273,16 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
     for pipe in pipes:
         pipe.send("report")
         pipe.recv()  # discard what the ramp cost
-    cpu0, wall0 = cpu_seconds(pid), time.monotonic()
+    cpu0, wall0, threads0 = cpu_seconds(pid), time.monotonic(), thread_seconds(pid)
     bus0 = cpu_seconds(bus) if bus is not None else 0.0
     if args.profile is not None:
         profile(pid, args.window, args.profile / f"step-{total}")
     else:
         time.sleep(args.window)
     cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0)
+    wall = time.monotonic() - wall0
+    split = ", ".join(f"{kind} {(used - threads0.get(kind, 0.0)) * 100 / wall:.0f}%"
+                      for kind, used in sorted(thread_seconds(pid).items()))
     bus_cpu = ((cpu_seconds(bus) - bus0) / (time.monotonic() - wall0)) if bus is not None else None
     blocked, samples, lag, sent, gen_cpu = 0, [], 0.0, 0.0, []
     for pipe in pipes:
@@ -297,7 +315,7 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
         # controller (the machine is too small or too busy to generate this load).
         return {"ok": False, "line": f"{head}: undecided: a load generator fell behind "
                 f"(controller CPU {cpu * 100:.0f}% of a core, alive {alive}/{total}; {gens})"}
-    line = (f"{head}: controller CPU {cpu * 100:.0f}% of a core, ack p50 {p50:.1f} ms "
+    line = (f"{head}: controller CPU {cpu * 100:.0f}% of a core ({split}), ack p50 {p50:.1f} ms "
             f"p99 {p99:.1f} ms (first third {first:.1f}, last third {last:.1f}), alive "
             f"{alive}/{total}, blocked sends {blocked}, frames {status['frames']}"
             + (f", nats-server CPU {bus_cpu * 100:.0f}% of a core" if bus_cpu is not None else "")

@@ -68,7 +68,15 @@ from controller.outputs import (
 )
 from controller.publications import SENDER
 from controller.scheduler.wiring import SchedulerWiring
-from controller.sockets import ZMQ_PEER, agent_router, bind_or_say, decoded, feed_router, sent
+from controller.sockets import (
+    ZMQ_PEER,
+    agent_router,
+    bind_or_say,
+    decoded,
+    feed_router,
+    received,
+    sent,
+)
 from controller.store import Store, StoreError
 from controller.writeback import Writer
 from harmonaize import keys
@@ -270,7 +278,7 @@ class ControllerServer(OperatorCommands):
             senders: set[str] = set()
             for _ in range(BATCH):
                 try:
-                    frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    frames = received(router)
                 except zmq.Again:
                     break
                 # The key's name, which the core holds the frame's sender to.
