@@ -18,7 +18,9 @@ queue full, the probes' acknowledgement p99 stays under a second, the last
 third's median latency is not above twice the first third's plus 100 ms (no
 growing backlog), and the controller used under 95% of its core. A step where
 a generator fell more than half a second behind its schedule is undecided (it
-says nothing about the controller), not failed; either ends the run. The last
+says nothing about the controller), not failed, and so is one that failed while the
+other processes used a tenth of the controller's core or more (its busy time in
+/proc/stat less the controller's own); either ends the run. The last
 line is ``controller-scale N agents``, N the largest sustained step (with
 ``--rate`` R other than 1: ``N·R heartbeats/s``; the machine's descriptor limit
 may hold fewer connections than the frame load of the agents wanted).
@@ -57,6 +59,12 @@ from harmonaize import keys
 from harmonaize.opsocket import request
 from testbed.natscluster import nats_server
 
+#: A step that failed while other processes used this share of the controller's core
+#: says nothing about the controller: it is undecided.
+CPU_TAKEN = 0.10
+#: The controller's core, set by drive() (a list, so run_step reads what drive() set).
+CONTROLLER_CPU = [0]
+
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -76,6 +84,16 @@ def thread_seconds(pid: int) -> dict[str, float]:
         out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf(
             "SC_CLK_TCK")
     return out
+
+
+def cpu_busy(cpu: int) -> float:
+    """Seconds CPU ``cpu`` has been busy (not idle, not waiting for I/O), any process's."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        fields = line.split()
+        if fields[0] == f"cpu{cpu}":
+            ticks = [int(f) for f in fields[1:]]
+            return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    raise SystemExit(f"controller-scale: no cpu{cpu} in /proc/stat")
 
 
 def main() -> int:
@@ -190,6 +208,7 @@ def drive(args: argparse.Namespace, steps: list[int], *, cpus: list[int], cfg: P
         wait_until(lambda: nats.poll() is not None or (work / "nats.log").read_text().find(
             "Server is ready") >= 0, 30)
     with daemon("controller.main", cfg, work / "controller.log", admin) as proc:
+        CONTROLLER_CPU[0] = cpus[0]
         for task in os.listdir(f"/proc/{proc.pid}/task"):
             os.sched_setaffinity(int(task), {cpus[0]})  # threads started so far...
         gens, pipes = [], []
@@ -274,6 +293,7 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
         pipe.send("report")
         pipe.recv()  # discard what the ramp cost
     cpu0, wall0, threads0 = cpu_seconds(pid), time.monotonic(), thread_seconds(pid)
+    busy0 = cpu_busy(CONTROLLER_CPU[0])
     bus0 = cpu_seconds(bus) if bus is not None else 0.0
     if args.profile is not None:
         profile(pid, args.window, args.profile / f"step-{total}")
@@ -281,6 +301,8 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
         time.sleep(args.window)
     cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - wall0)
     wall = time.monotonic() - wall0
+    # What else ran on the controller's core: its busy time less the controller's own.
+    others = max(0.0, (cpu_busy(CONTROLLER_CPU[0]) - busy0) / wall - cpu)
     split = ", ".join(f"{kind} {(used - threads0.get(kind, 0.0)) * 100 / wall:.0f}%"
                       for kind, used in sorted(thread_seconds(pid).items()))
     bus_cpu = ((cpu_seconds(bus) - bus0) / (time.monotonic() - wall0)) if bus is not None else None
@@ -310,6 +332,11 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
             f"({', '.join(f'{c * 100:.0f}' for c in gen_cpu)}), {sent:,.0f} frames/s sent, "
             f"at most {lag * 1000:.0f} ms behind schedule")
     head = f"{total} agents at {args.rate:g} Hz"
+    if not ok and others > CPU_TAKEN:
+        # Other processes had the controller's core: the step says nothing about it.
+        return {"ok": False, "line": f"{head}: undecided: other processes took "
+                f"{others * 100:.0f}% of the controller's core (controller CPU "
+                f"{cpu * 100:.0f}%, ack p99 {p99:.0f} ms; {gens})"}
     if lag > BEHIND:
         # A generator missed its send schedule: the step says nothing about the
         # controller (the machine is too small or too busy to generate this load).
@@ -317,7 +344,8 @@ def run_step(total: int, args: argparse.Namespace, pid: int, pipes: list[Connect
                 f"(controller CPU {cpu * 100:.0f}% of a core, alive {alive}/{total}; {gens})"}
     line = (f"{head}: controller CPU {cpu * 100:.0f}% of a core ({split}), ack p50 {p50:.1f} ms "
             f"p99 {p99:.1f} ms (first third {first:.1f}, last third {last:.1f}), alive "
-            f"{alive}/{total}, blocked sends {blocked}, frames {status['frames']}"
+            f"{alive}/{total}, blocked sends {blocked}, frames {status['frames']}, "
+            f"others on its core {others * 100:.0f}%"
             + (f", nats-server CPU {bus_cpu * 100:.0f}% of a core" if bus_cpu is not None else "")
             + f"; {gens} -> {'sustained' if ok else 'NOT sustained'}")
     return {"ok": ok, "line": line}
