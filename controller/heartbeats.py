@@ -21,8 +21,9 @@ import msgpack
 from harmonaize.messages import MAGIC, MAX_FRAME, MAX_LIST, MAX_MAP, MAX_STR, VERSION
 from harmonaize.schema import IDENT_PATTERN
 
-#: How every heartbeat's envelope begins: a seven-element array, the magic, the version
-#: and the kind (msgpack's encoding of each is unique for these values).
+#: How a heartbeat's envelope begins as every encoder here writes it: a seven-element
+#: array, the magic, the version and the kind, each in msgpack's shortest form (a frame
+#: that spells them otherwise is valid too, and goes through the full decoder).
 HEAD = b"\x97" + b"".join(msgpack.packb(v) for v in (MAGIC, VERSION, "heartbeat"))
 
 _IDENT = re.compile(IDENT_PATTERN)
