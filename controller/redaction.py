@@ -54,6 +54,7 @@ from controller.poolredaction import (
     trend,
     true_counts,
 )
+from controller.pooltally import PoolTally
 from controller.privacy import (
     Ledger,
     Plan,
@@ -105,11 +106,12 @@ class Redactor:
     _out: list[Publication] = field(default_factory=list)
     #: Each multi-host job's tuning as the controller's agreement sees it.
     _tuning: dict[str, tuple[str, TuningStatus]] = field(default_factory=dict)
-    #: Private mode: the noise (None: OpenDP's secure sampler), the accountant, the
-    #: latest hosts, and when each pool topic's next release is planned under which plan.
+    #: Private mode: the noise (None: OpenDP's secure sampler) and the accountant.
     sampler: Sampler | None = None
     ledger: Ledger = field(default_factory=Ledger)
-    _hosts: list[HostState] = field(default_factory=list)
+    #: The latest hosts and each pool's counts of them (a private release counts them
+    #: when it is due; the other modes, at each observation).
+    tally: PoolTally = field(default_factory=PoolTally)
     #: Private mode: each pool topic's plan and next release (controller/releaseschedule.py).
     schedules: Schedules = field(default_factory=Schedules)
     #: Private mode, ``stale_after``: each pool's latest release (when, what) and when it
@@ -118,9 +120,12 @@ class Redactor:
     _refresh_at: dict[str, float] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
-    #: Hosts left out of capacity at the last observation, by the (pool, class) their
-    #: agents reported.
-    held_back: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    @property
+    def held_back(self) -> Counter[tuple[str, str]]:
+        """Hosts left out of capacity as last observed, by the (pool, class) their agents
+        reported."""
+        return self.tally.held_back
 
     # --- inputs ---------------------------------------------------------------------
 
@@ -152,7 +157,7 @@ class Redactor:
 
     def observe(self, hosts: Iterable[HostState], now: float,
                 jobs: Iterable[str] | None = None) -> None:
-        """Recompute every aggregate from the hosts' current states.
+        """Recompute every aggregate from exactly these hosts' current states.
 
         ``jobs``: the placed jobs whose health may have changed, in the order to look
         at them (None: every placed job). A caller that knows which hosts changed (the
@@ -161,13 +166,24 @@ class Redactor:
         """
         if self.cfg.mode is Mode.NONE:
             return
-        hosts = list(hosts)
-        named = self._named(hosts)
+        self.tally.rebuild(hosts, self.names, self.cfg.host_gpus)
+        self._observed(now, jobs)
+
+    def observe_changes(self, changed: Iterable[HostState], now: float) -> None:
+        """As :meth:`observe` of every host seen, given only the hosts whose state may
+        have changed since the last call (the controller's core): each pool's counts
+        are moved by those hosts alone, so the cost follows what changed, not how many
+        hosts there are. What comes out is what :meth:`observe` of them all gives."""
+        self.tally.update(changed, self.names, self.cfg.host_gpus)
+        if self.cfg.mode is not Mode.NONE:
+            self._observed(now, None)
+
+    def _observed(self, now: float, jobs: Iterable[str] | None) -> None:
         if self.cfg.mode is Mode.PRIVATE:
-            self._private_truth(named, now)
+            self._private_truth(now)
         else:
-            self._capacity(named, now)
-        by_id = {h.host_id: h for h in hosts}
+            self._capacity(now)
+        by_id = self.tally.views
         placements = self.placements.values() if jobs is None else [
             p for job in jobs if (p := self.placements.get(job)) is not None]
         for placement in placements:
@@ -245,21 +261,6 @@ class Redactor:
                 counts[pool_topic(*own)] += 1
         self.schedules.restore(counts.items())
 
-    def _named(self, hosts: list[HostState]) -> list[HostState]:
-        """The hosts whose pool and class are declared, under the declared strings."""
-        if self.names is None:
-            return hosts
-        named, self.held_back = [], Counter()
-        for host in hosts:
-            own = self.names.own(host.pool, host.gpu_class)
-            if own is None:
-                self.held_back[(host.pool, host.gpu_class)] += 1
-            elif own == (host.pool, host.gpu_class):
-                named.append(host)  # already so named: no copy (a copy per host per batch)
-            else:
-                named.append(replace(host, pool=own[0], gpu_class=own[1]))
-        return named
-
     # --- outputs --------------------------------------------------------------------
 
     def due(self, now: float) -> list[Publication]:
@@ -333,8 +334,8 @@ class Redactor:
             at += self.rng.uniform(0.0, self.cfg.jitter) if self.cfg.jitter else 0.0
         state.pending, state.pending_at = body, at
 
-    def _capacity(self, hosts: list[HostState], now: float) -> None:
-        for topic, body in shaped_capacities(self.cfg, hosts):
+    def _capacity(self, now: float) -> None:
+        for topic, body in shaped_capacities(self.cfg, self.tally.pools):
             self._capacity_message(topic, body, now, immediate=False)
 
     def _capacity_message(self, topic: str, body: PoolCapacity, now: float,
@@ -346,19 +347,18 @@ class Redactor:
         moved = self._trend[topic] = trend(latest, body, self._trend.get(topic, Trend.STEADY))
         self._schedule(topic, replace(body, trend=moved), now, immediate=immediate)
 
-    def _private_truth(self, hosts: list[HostState], now: float) -> None:
-        """Private mode: keep the hosts for the next planned release (counted only then),
-        and each pool's inventory for its plan."""
-        self._hosts = hosts
-        for (pool, gpu_class), count in Counter((h.pool, h.gpu_class) for h in hosts).items():
-            self.schedules.see(pool_topic(pool, gpu_class), count, now, self._sized)
+    def _private_truth(self, now: float) -> None:
+        """Private mode: each pool's inventory for its plan (its counts are taken when
+        its next planned release is due)."""
+        for (pool, gpu_class), sums in self.tally.pools.items():
+            self.schedules.see(pool_topic(pool, gpu_class), sums.hosts, now, self._sized)
 
     def _private_releases(self, now: float) -> None:
         due = self.schedules.due(now)
         if not due:
             return
         sample = self.sampler or opendp_sampler
-        counts = true_counts(self.cfg, self._hosts)
+        counts = true_counts(self.cfg, self.tally.pools)
         for topic in due:
             # A configuration reloaded since: the new plan, with the spacing it needs.
             self.schedules.check(topic, now, self._sized)
