@@ -120,6 +120,14 @@ class Redactor:
     _refresh_at: dict[str, float] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
+    #: For :meth:`observe_changes`: the jobs on each host, each job's place in the order
+    #: of ``placements``, the jobs whose placement or tuning changed since, and the rules
+    #: their health was last judged under (other rules: every job again).
+    _jobs_on: dict[str, set[str]] = field(default_factory=dict)
+    _job_order: dict[str, int] = field(default_factory=dict)
+    _jobs_changed: set[str] = field(default_factory=set)
+    _judged_under: RedactionConfig | None = None
+    _placed: int = 0
 
     @property
     def held_back(self) -> Counter[tuple[str, str]]:
@@ -130,7 +138,23 @@ class Redactor:
     # --- inputs ---------------------------------------------------------------------
 
     def place(self, placement: Placement) -> None:
+        self._unindex(placement.job)
         self.placements[placement.job] = placement
+        if placement.job not in self._job_order:
+            self._job_order[placement.job] = self._placed
+            self._placed += 1
+        for host in placement.hosts:
+            self._jobs_on.setdefault(host, set()).add(placement.job)
+        self._jobs_changed.add(placement.job)
+
+    def _unindex(self, job: str) -> None:
+        old = self.placements.get(job)
+        for host in old.hosts if old is not None else ():
+            jobs = self._jobs_on.get(host)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del self._jobs_on[host]
 
     def restore(self, topic: str, body: Message) -> None:
         """A condition tenants were told before a restart: what is new is judged against
@@ -146,9 +170,14 @@ class Redactor:
         Returns whether it changed (then observe() again publishes it)."""
         changed = self._tuning.get(job) != (choice, status)
         self._tuning[job] = (choice, status)
+        if changed:
+            self._jobs_changed.add(job)
         return changed
 
     def remove_job(self, job: str) -> None:
+        self._unindex(job)
+        self._job_order.pop(job, None)
+        self._jobs_changed.discard(job)
         self.placements.pop(job, None)
         self._tuning.pop(job, None)
         for topic in [t for t in self._topics if t.startswith("job/") and
@@ -174,9 +203,26 @@ class Redactor:
         have changed since the last call (the controller's core): each pool's counts
         are moved by those hosts alone, so the cost follows what changed, not how many
         hosts there are. What comes out is what :meth:`observe` of them all gives."""
+        changed = list(changed)
         self.tally.update(changed, self.names, self.cfg.host_gpus)
-        if self.cfg.mode is not Mode.NONE:
-            self._observed(now, None)
+        if self.cfg.mode is Mode.NONE:
+            return
+        # The jobs whose health may differ: those on a changed host, and those placed or
+        # retuned since; every job when the rules changed. Judged in the order of
+        # ``placements`` (the order :meth:`observe` judges them in, so the feed numbers
+        # what they publish alike); a job judged anew whose health is unchanged
+        # publishes nothing, so leaving out the others changes nothing tenants see.
+        if self._judged_under != self.cfg:
+            self._judged_under = self.cfg
+            jobs: Iterable[str] | None = None
+        else:
+            affected = self._jobs_changed
+            for view in changed:
+                affected |= self._jobs_on.get(view.host_id, set())
+            jobs = sorted((j for j in affected if j in self.placements),
+                          key=self._job_order.__getitem__)
+        self._jobs_changed = set()
+        self._observed(now, jobs)
 
     def _observed(self, now: float, jobs: Iterable[str] | None) -> None:
         if self.cfg.mode is Mode.PRIVATE:

@@ -28,7 +28,15 @@ from controller.redactionconfig import (
 )
 from controller.types import HostState, Member, Placement
 from harmonaize import messages as m
-from harmonaize.messages import GpuCounts, Health, PoolCapacity, Trend
+from harmonaize.messages import (
+    GpuCounts,
+    Health,
+    Level,
+    LinkHealth,
+    PoolCapacity,
+    Trend,
+    TuningStatus,
+)
 from harmonaize.schema import to_plain
 
 pytestmark = [pytest.mark.controller, pytest.mark.cluster]
@@ -45,7 +53,8 @@ def a_view(rng: random.Random, host_id: str) -> HostState:
     return HostState(host_id, rng.choice(POOLS), rng.choice(CLASSES), rng.random() < 0.8,
                      rng.random() < 0.9, rng.choice(list(Health)),
                      GpuCounts(healthy=healthy, suspect=rng.randint(0, 2),
-                               quarantined=rng.randint(0, 1), in_use=rng.randint(0, 9)))
+                               quarantined=rng.randint(0, 1), in_use=rng.randint(0, 9)),
+                     (LinkHealth("data", 4, 0, rng.choice(list(Level)), Level.NONE),))
 
 
 # --- the counts as they were computed before they were kept: from every host --------------
@@ -134,9 +143,30 @@ def a_redactor(cfg: RedactionConfig, seed: int) -> Redactor:
     redactor = Redactor(cfg, random.Random(seed),
                         sampler=lambda value, scale: value + noise.randint(-2, 2))
     redactor.names = NAMES
-    placement = Placement("job-1", "acme", (Member("r0", "h00"), Member("r1", "h01")))
-    redactor.place(placement)
     return redactor
+
+
+def jobs_change(rng: random.Random, redactors: tuple[Redactor, ...]) -> None:
+    """A job placed (anew, or moved), ended or retuned, alike at every redactor."""
+    job, draw = f"job-{rng.randint(0, 5)}", rng.random()
+    if draw < 0.15:
+        hosts = rng.sample(HOSTS[:6], rng.randint(1, 3))  # jobs share hosts: order shows
+        placement = Placement(job, rng.choice(["acme", "zeta"]),
+                              tuple(Member(f"r{i}", h) for i, h in enumerate(hosts)))
+        for redactor in redactors:
+            redactor.place(placement)
+    elif draw < 0.2:
+        for redactor in redactors:
+            if job in redactor.placements:
+                redactor.remove_job(job)
+    elif draw < 0.3:
+        choice, status = rng.choice(["default", "ring"]), rng.choice(list(TuningStatus))
+        for redactor in redactors:
+            redactor.tuning(job, choice, status)
+    elif draw < 0.32:
+        for redactor in redactors:  # a reload of the rules
+            redactor.cfg = replace(redactor.cfg,
+                                   job_congestion=not redactor.cfg.job_congestion)
 
 
 @pytest.mark.parametrize("mode", [Mode.PRIVATE, Mode.REDACTED, Mode.FULL])
@@ -144,17 +174,20 @@ def a_redactor(cfg: RedactionConfig, seed: int) -> Redactor:
 @settings(max_examples=25)
 def test_tenants_are_told_the_same_whether_counts_are_kept_or_made_anew(mode: Mode,
                                                                      seed: int) -> None:
-    """The core's path (only the changed hosts, :meth:`Redactor.observe_changes`) and
-    every host at each step (:meth:`Redactor.observe`): the same publications, byte for
-    byte, in the same order, with the same noise drawn."""
+    """The core's path (only the changed hosts, and the jobs on them or placed or
+    retuned since: :meth:`Redactor.observe_changes`) and every host and job at each step
+    (:meth:`Redactor.observe`): the same publications, byte for byte, in the same order,
+    with the same noise drawn."""
     cfg = RedactionConfig(mode=mode, min_hosts=2, min_interval=5.0, jitter=1.0,
                           release_interval=30.0, stale_after=90.0 if seed % 2 else 0.0)
     kept, anew = a_redactor(cfg, seed), a_redactor(cfg, seed)
     rng = random.Random(seed)
     hosts: dict[str, HostState] = {}
-    now, told = 0.0, 0
+    now, told, jobs_told = 0.0, 0, 0
     for _ in range(150):
         now += rng.choice([0.0, 0.5, 3.0, 20.0])
+        for _ in range(rng.randint(0, 2)):  # two in a step: the order they are judged in
+            jobs_change(rng, (kept, anew))
         changed = [a_view(rng, h) for h in rng.sample(HOSTS, rng.randint(0, 5))]
         hosts.update((v.host_id, v) for v in changed)
         kept.observe_changes(changed, now)
@@ -162,9 +195,11 @@ def test_tenants_are_told_the_same_whether_counts_are_kept_or_made_anew(mode: Mo
         got, want = encoded(kept.due(now)), encoded(anew.due(now))
         assert got == want
         told += len(got)
+        jobs_told += sum(1 for topic in got if b"job/" in topic)
         assert kept.next_due() == anew.next_due()
         assert kept.held_back == anew.held_back
     assert told > 10  # the runs said something to compare
+    assert jobs_told > 3  # jobs' health among it
 
 
 # --- liveness: the heap of deadlines against a look at every host ---------------------------
