@@ -7,6 +7,11 @@ agents); outputs are :class:`Publication` s, each a tenant-visible message
 with its topic, the tenant allowed to receive it (None: any tenant), and the
 earliest time it may go out.
 
+Longer than 400 lines: everything that reaches a tenant's topic (pool capacity in each
+mode, a job's health, advice and notices) goes through the topic state kept here, so
+that what a topic was told, and when, is decided in one place; what could be taken out
+(the rules per kind, the counts, the job index) is in modules of their own (below).
+
 Rules, each with a documented default in :class:`RedactionConfig`:
 
 * Pool capacity, in the default ``private`` mode, is released under differential
@@ -32,7 +37,8 @@ at all) exist for the simulator's comparison.
 This module keeps what tenants were told per topic and schedules what is new; the
 rules per kind of message are in controller/poolredaction.py (pool capacity) and
 controller/jobredaction.py (a job's own messages), the settings and names in
-controller/redactionconfig.py.
+controller/redactionconfig.py, each pool's counts as hosts change in
+controller/pooltally.py and the jobs to judge again in controller/jobindex.py.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from controller.jobindex import JobIndex
 from controller.jobredaction import (
     job_health,
     rebuilt_advisory,
@@ -54,7 +61,7 @@ from controller.poolredaction import (
     trend,
     true_counts,
 )
-from controller.pooltally import PoolTally
+from controller.pooltally import PoolTally, counted
 from controller.privacy import (
     Ledger,
     Plan,
@@ -120,14 +127,10 @@ class Redactor:
     _refresh_at: dict[str, float] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
-    #: For :meth:`observe_changes`: the jobs on each host, each job's place in the order
-    #: of ``placements``, the jobs whose placement or tuning changed since, and the rules
-    #: their health was last judged under (other rules: every job again).
-    _jobs_on: dict[str, set[str]] = field(default_factory=dict)
-    _job_order: dict[str, int] = field(default_factory=dict)
-    _jobs_changed: set[str] = field(default_factory=set)
+    #: For :meth:`observe_changes`: the jobs whose health may have changed, and the
+    #: rules it was last judged under (other rules: every job again).
+    _jobs: JobIndex = field(default_factory=JobIndex)
     _judged_under: RedactionConfig | None = None
-    _placed: int = 0
 
     @property
     def held_back(self) -> Counter[tuple[str, str]]:
@@ -138,23 +141,8 @@ class Redactor:
     # --- inputs ---------------------------------------------------------------------
 
     def place(self, placement: Placement) -> None:
-        self._unindex(placement.job)
+        self._jobs.place(placement, self.placements.get(placement.job))
         self.placements[placement.job] = placement
-        if placement.job not in self._job_order:
-            self._job_order[placement.job] = self._placed
-            self._placed += 1
-        for host in placement.hosts:
-            self._jobs_on.setdefault(host, set()).add(placement.job)
-        self._jobs_changed.add(placement.job)
-
-    def _unindex(self, job: str) -> None:
-        old = self.placements.get(job)
-        for host in old.hosts if old is not None else ():
-            jobs = self._jobs_on.get(host)
-            if jobs is not None:
-                jobs.discard(job)
-                if not jobs:
-                    del self._jobs_on[host]
 
     def restore(self, topic: str, body: Message) -> None:
         """A condition tenants were told before a restart: what is new is judged against
@@ -171,14 +159,11 @@ class Redactor:
         changed = self._tuning.get(job) != (choice, status)
         self._tuning[job] = (choice, status)
         if changed:
-            self._jobs_changed.add(job)
+            self._jobs.retuned(job)
         return changed
 
     def remove_job(self, job: str) -> None:
-        self._unindex(job)
-        self._job_order.pop(job, None)
-        self._jobs_changed.discard(job)
-        self.placements.pop(job, None)
+        self._jobs.remove(job, self.placements.pop(job, None))
         self._tuning.pop(job, None)
         for topic in [t for t in self._topics if t.startswith("job/") and
                       t.endswith(f"/{job}/")]:
@@ -207,21 +192,12 @@ class Redactor:
         self.tally.update(changed, self.names, self.cfg.host_gpus)
         if self.cfg.mode is Mode.NONE:
             return
-        # The jobs whose health may differ: those on a changed host, and those placed or
-        # retuned since; every job when the rules changed. Judged in the order of
-        # ``placements`` (the order :meth:`observe` judges them in, so the feed numbers
-        # what they publish alike); a job judged anew whose health is unchanged
-        # publishes nothing, so leaving out the others changes nothing tenants see.
+        # The jobs on a changed host, placed or retuned since (controller/jobindex.py);
+        # every job when the rules changed.
+        jobs: list[str] | None = self._jobs.take((v.host_id for v in changed),
+                                                 self.placements)
         if self._judged_under != self.cfg:
-            self._judged_under = self.cfg
-            jobs: Iterable[str] | None = None
-        else:
-            affected = self._jobs_changed
-            for view in changed:
-                affected |= self._jobs_on.get(view.host_id, set())
-            jobs = sorted((j for j in affected if j in self.placements),
-                          key=self._job_order.__getitem__)
-        self._jobs_changed = set()
+            self._judged_under, jobs = self.cfg, None
         self._observed(now, jobs)
 
     def _observed(self, now: float, jobs: Iterable[str] | None) -> None:
@@ -299,13 +275,8 @@ class Redactor:
         """The hosts a restart restored, before any is heard from: each pool's first plan
         is then the one the process before this one last used (controller/
         releaseschedule.py)."""
-        counts: Counter[str] = Counter()
-        for host in hosts:
-            own = (host.pool, host.gpu_class) if self.names is None else self.names.own(
-                host.pool, host.gpu_class)
-            if own is not None:
-                counts[pool_topic(*own)] += 1
-        self.schedules.restore(counts.items())
+        pools = counted(hosts, self.cfg.host_gpus, self.names)
+        self.schedules.restore((pool_topic(*key), sums.hosts) for key, sums in pools.items())
 
     # --- outputs --------------------------------------------------------------------
 
