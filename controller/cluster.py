@@ -122,9 +122,11 @@ class Cluster:
     #: The hosts whose view (:meth:`HostRecord.view`) may have changed since the shell
     #: last took them (:meth:`take_touched`): what the redactor's counts are moved by.
     touched: set[str] = field(default_factory=set)
-    #: (deadline, host) of hosts that are up, by when each could first be silent as of
-    #: when it went in; ``_due`` holds each host's one live entry (others are stale).
-    _deadlines: list[tuple[float, str]] = field(default_factory=list)
+    #: Hosts that are up, by when each could first be silent as of when it went in: a
+    #: heap of the distinct deadlines, the hosts at each (hosts heard in one beat share
+    #: one), and each host's one live deadline (its entries at others are stale).
+    _deadlines: list[float] = field(default_factory=list)
+    _at: dict[float, list[str]] = field(default_factory=dict)
     _due: dict[str, float] = field(default_factory=dict)
 
     def restore(self, records: Iterable[HostRecord], now: float) -> None:
@@ -147,11 +149,11 @@ class Cluster:
         up or say hello; hosts only move their own deadline later by speaking, so a
         bound that is too early costs one look (at the hosts that came due), never a
         late one."""
-        return self._deadlines[0][0] if self._deadlines else math.inf
+        return self._deadlines[0] if self._deadlines else math.inf
 
     def reschedule(self) -> None:
         """Every deadline anew (``missed_heartbeats`` changed: any may be earlier now)."""
-        self._deadlines, self._due = [], {}
+        self._deadlines, self._at, self._due = [], {}, {}
         for host in self.hosts.values():
             if host.alive:
                 self._may_fall_silent(host)
@@ -269,28 +271,34 @@ class Cluster:
         deadline = host.last_seen + self.missed_heartbeats * host.heartbeat
         if deadline < self._due.get(host.host_id, math.inf):
             self._due[host.host_id] = deadline
-            heapq.heappush(self._deadlines, (deadline, host.host_id))
+            hosts = self._at.get(deadline)
+            if hosts is None:
+                self._at[deadline] = [host.host_id]
+                heapq.heappush(self._deadlines, deadline)
+            else:
+                hosts.append(host.host_id)
 
     def tick(self, now: float) -> list[str]:
         """Count silent hosts down; returns the hosts that went down. Looks only at the
         hosts whose deadline in the heap has passed."""
         gone, spoke = [], []
-        heap, due = self._deadlines, self._due
+        heap, due, hosts = self._deadlines, self._due, self.hosts
         # Up to and at ``now``: the test below is on ``now - last_seen`` (as a walk
         # made it), which rounding may put either side of ``last_seen + limit``.
-        while heap and heap[0][0] <= now:
-            deadline, host_id = heapq.heappop(heap)
-            if due.get(host_id) != deadline:
-                continue  # stale: the host has an earlier, live entry, already looked at
-            del due[host_id]
-            host = self.hosts.get(host_id)
-            if host is None or not host.alive:
-                continue  # down already (a goodbye): back in the heap when it comes up
-            if now - host.last_seen > self.missed_heartbeats * host.heartbeat:
-                self._set_alive(host, False, Down.SILENT)
-                gone.append(host_id)
-            else:
-                spoke.append(host)
+        while heap and heap[0] <= now:
+            deadline = heapq.heappop(heap)
+            for host_id in self._at.pop(deadline):
+                if due.get(host_id) != deadline:
+                    continue  # stale: the host's live deadline is another, looked at then
+                del due[host_id]
+                host = hosts.get(host_id)
+                if host is None or not host.alive:
+                    continue  # down already (a goodbye): back in when it comes up
+                if now - host.last_seen > self.missed_heartbeats * host.heartbeat:
+                    self._set_alive(host, False, Down.SILENT)
+                    gone.append(host_id)
+                else:
+                    spoke.append(host)
         for host in spoke:  # after the loop: a deadline of ``now`` is not taken again
             self._may_fall_silent(host)
         return gone
