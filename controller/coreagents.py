@@ -130,6 +130,13 @@ class AgentMessages(CoreState):
         self._staged = True
         return True
 
+    def heard(self, hosts: list[str], now: float) -> None:
+        """Known hosts a replica heard (cluster mode): each one's heartbeat, as a
+        heartbeat frame from it applies it, in one pass (a replica says so of every
+        host it serves, twice a second)."""
+        self.frames += self.cluster.heard(hosts, now)
+        self._staged = True
+
     def _reject(self, reason: str, detail: str, now: float) -> None:
         self.rejected[reason] += 1
         if self._may_log(now):
@@ -166,7 +173,8 @@ class AgentMessages(CoreState):
         self._staged = False
         if self.cluster.changed:
             self.cluster.changed = False
-            self.redactor.observe(self.cluster.views(), now)
+            # The hosts that changed move their pools' counts (not a pass over them all).
+            self.redactor.observe_changes(self.cluster.take_touched(), now)
             self._tell_held_back()
         for publication in self.redactor.due(now):
             body = publication.body
