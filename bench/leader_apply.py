@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import logging
 import multiprocessing as mp
@@ -61,6 +62,9 @@ from testbed.natscluster import nats_server
 
 EPOCH = 1
 BEAT_INTERVAL = 0.5
+#: Hosts a beat names at most: a replica's doors' worth (docs/scaling.md: 2,500 agents a
+#: replica core); 100,000 hosts in one beat would pass the bus's 1 MB message limit.
+BEAT_SHARE = 2500
 #: Stores in flight per producer (each host's next store waits for its last one's answer).
 IN_FLIGHT = 256
 
@@ -122,14 +126,17 @@ def produce(url: str, hosts: list[str], count: int, seed: int, *, events: float,
 
 
 def beat(url: str, hosts: list[str], cpus: set[int], conn: Connection) -> None:
-    """Every half second, that every host was heard (a replica's word to its leader)."""
+    """Every half second, that every host was heard (replicas' word to their leader): a
+    beat per ``BEAT_SHARE`` hosts, as each replica names the hosts at its doors."""
     os.sched_setaffinity(0, cpus)
 
     async def run() -> None:
         nc = await nats.connect(url)
-        payload = msgpack.packb(hosts)
+        payloads = [msgpack.packb(hosts[i:i + BEAT_SHARE])
+                    for i in range(0, len(hosts), BEAT_SHARE)]
         while not conn.poll():
-            await nc.publish("hz.beats", payload)
+            for payload in payloads:
+                await nc.publish("hz.beats", payload)
             await asyncio.sleep(BEAT_INTERVAL)
         await nc.close()
 
@@ -140,10 +147,12 @@ def beat(url: str, hosts: list[str], cpus: set[int], conn: Connection) -> None:
 
 
 def lead(cfg_path: Path, mirror: Path, *, batch: int, window: float, start: int,
-         end: int) -> None:
+         end: int, profile: Path | None = None) -> None:
     """Run the leader until it committed ``end`` or ``window`` seconds after it committed
-    ``start``; print what it did as one JSON line."""
+    ``start``; print what it did as one JSON line. ``profile``: cProfile's statistics of
+    the measured part (from the clock's start), written there."""
     cfg, _ = load(cfg_path)
+    profiler = cProfile.Profile() if profile is not None else None
 
     async def run() -> dict[str, Any]:
         bus = Bus(cfg.cluster)
@@ -154,16 +163,23 @@ def lead(cfg_path: Path, mirror: Path, *, batch: int, window: float, start: int,
         leader = Leader(cfg, bus, await bus.epoch(), mirror, max_batch=max(batch, 2048))
         stop = asyncio.Event()
         task = asyncio.create_task(leader.run(stop))
-        await waiting(lambda: leader.committed >= start, task, "the hellos applied")
+        # Every host's hello and first summary: a minute, or more for a large region.
+        await waiting(lambda: leader.committed >= start, task, "the hellos applied",
+                      limit=max(60.0, start / 1000))
         leader.max_batch = batch
         # A batch taken before the switch may be in flight: the clock starts after it.
         switched = leader.commits
         await waiting(lambda: leader.commits >= switched + 2, task, "the switch")
+        if profiler is not None:
+            profiler.enable()
         t0, cpu0, at0, commits0 = (time.monotonic(), time.process_time(), leader.committed,
                                    leader.commits)
         while leader.committed < end and time.monotonic() - t0 < window:
             await asyncio.sleep(0.002)
         elapsed, cpu = time.monotonic() - t0, time.process_time() - cpu0
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(profile))
         frames, commits = leader.committed - at0, leader.commits - commits0
         reused = leader._frames.reused
         stop.set()
@@ -216,17 +232,19 @@ async def prepare(cfg_path: Path) -> None:
 
 
 def run_leader(cfg_path: Path, work: Path, *, cpu: int, batch: int, window: float,
-               start: int, end: int, n: int) -> dict[str, Any]:
+               start: int, end: int, n: int, profile: Path | None = None) -> dict[str, Any]:
     mirror = work / f"leader-{n}.db"
     command = [sys.executable, __file__, "--lead", str(cfg_path), "--mirror", str(mirror),
                "--batch", str(batch), "--window", str(window), "--start", str(start),
                "--end", str(end)]
+    if profile is not None:
+        command += ["--profile", str(profile)]
     if shutil.which("taskset"):
         command = ["taskset", "-c", str(cpu), *command]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env,
-                              timeout=window + 120, check=False)
+                              timeout=window + 120 + start / 1000, check=False)
     except subprocess.TimeoutExpired as exc:
         raise SystemExit(f"the leader's run did not end: {str(exc.stderr or '')[-2000:]}") from None
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -250,6 +268,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=6.0, help="seconds measured per run")
     parser.add_argument("--events", type=float, default=0.02, help="share of host events")
     parser.add_argument("--changes", type=float, default=0.05, help="share of changed summaries")
+    parser.add_argument("--profile", type=Path, help="write cProfile statistics of the "
+                        "batched variant's leader (its measured part) to PATH.N, N the run")
     parser.add_argument("--lead", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mirror", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
@@ -257,7 +277,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.lead is not None:
         lead(args.lead, args.mirror, batch=args.batch, window=args.window, start=args.start,
-             end=args.end)
+             end=args.end, profile=args.profile)
         return 0
     if min(args.hosts, args.producers, args.batch, args.rounds) < 1 or args.frames < 2:
         raise SystemExit("leader-apply: --hosts, --producers, --batch and --rounds must be at "
@@ -328,8 +348,10 @@ def drive(args: argparse.Namespace, work: Path, url: str, *, leader_cpu: int,
                 asyncio.run(reset(url))
                 n += 1
                 cpu0 = cpu_seconds(server.pid)
+                profile = (args.profile.with_name(f"{args.profile.name}.{n}")
+                           if args.profile is not None and batch == variants[0] else None)
                 got = run_leader(cfg, work, cpu=leader_cpu, batch=batch, window=args.window,
-                                 start=2 * args.hosts, end=end, n=n)
+                                 start=2 * args.hosts, end=end, n=n, profile=profile)
                 server_cpu = cpu_seconds(server.pid) - cpu0
                 rate = got["frames"] / got["seconds"]
                 per_cpu = got["frames"] / max(got["cpu"], 1e-9)

@@ -299,8 +299,9 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPa
     def reconfigure(self, cfg: ControllerConfig) -> None:
         """New rules (a reload): liveness, feed timing and budgets, redaction, tuning."""
         old, self.cfg = self.cfg, cfg
-        self.cluster.missed_heartbeats = cfg.liveness.missed_heartbeats
-        self.cluster.silent_from = -math.inf  # fewer heartbeats may be missed now: look
+        if self.cluster.missed_heartbeats != cfg.liveness.missed_heartbeats:
+            self.cluster.missed_heartbeats = cfg.liveness.missed_heartbeats
+            self.cluster.reschedule()  # fewer heartbeats may be missed now: deadlines anew
         self.feed.configure(cfg.feed)
         if cfg.feed.retention != old.feed.retention:
             # Pruned at once: the ZeroMQ feed's replays follow the new retention at once,

@@ -74,6 +74,7 @@ class AgentMessages(CoreState):
     _tuning: dict[str, Mapping[str, Any] | None]
     _staged: bool
     _stepped_at: float
+    _now: float
 
     if TYPE_CHECKING:  # in controller/coretenants.py
         def _declarations_for(self, host_id: str, conn: bytes) -> list[Output]: ...
@@ -115,6 +116,27 @@ class AgentMessages(CoreState):
             self._held += self._declarations_for(message.sender, peer.conn)
         return at_once
 
+    def heartbeat(self, peer: AgentPeer, sender: str, now: float) -> bool:
+        """A well-formed heartbeat from ``sender`` (controller/heartbeats.py read it):
+        True when it was handled as :meth:`receive` would handle its message; False when
+        it is anything but the common case (a key speaking for another host, an unbound
+        connection, a host that was down, the disk full), for :meth:`receive` to see
+        whole. It did nothing then."""
+        if ((peer.host is not None and sender != peer.host) or self.storage_paused
+                or not self.cluster.beat(peer.conn, sender, now)):
+            return False
+        self._now = now
+        self.frames += 1
+        self._staged = True
+        return True
+
+    def heard(self, hosts: list[str], now: float) -> None:
+        """Known hosts a replica heard (cluster mode): each one's heartbeat, as a
+        heartbeat frame from it applies it, in one pass (a replica says so of every
+        host it serves, twice a second)."""
+        self.frames += self.cluster.heard(hosts, now)
+        self._staged = True
+
     def _reject(self, reason: str, detail: str, now: float) -> None:
         self.rejected[reason] += 1
         if self._may_log(now):
@@ -151,7 +173,8 @@ class AgentMessages(CoreState):
         self._staged = False
         if self.cluster.changed:
             self.cluster.changed = False
-            self.redactor.observe(self.cluster.views(), now)
+            # The hosts that changed move their pools' counts (not a pass over them all).
+            self.redactor.observe_changes(self.cluster.take_touched(), now)
             self._tell_held_back()
         for publication in self.redactor.due(now):
             body = publication.body

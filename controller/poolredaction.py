@@ -1,17 +1,18 @@
 """What a pool's capacity may say: coarse buckets (``redacted``), exact (``full``) or a
 differentially private estimate (``private``, the product; controller/privacy.py), and
-its trend. Pure functions; controller/redaction.py schedules what they build.
+its trend. Pure functions of each pool's counts (controller/pooltally.py);
+controller/redaction.py schedules what they build.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 
+from controller.pooltally import Key, Sums
 from controller.privacy import Plan, Sampler, margin
 from controller.redactionconfig import Mode, RedactionConfig, bucket, exact, pool_topic
-from controller.types import HostState
 from harmonaize.messages import Bucket, PoolCapacity, Trend
 
 #: A pool's true counts for a private release: pool, class, free GPUs, hosts up, down.
@@ -19,23 +20,19 @@ Truth = tuple[str, str, int, int, int]
 
 
 def shaped_capacities(cfg: RedactionConfig,
-                      hosts: Sequence[HostState]) -> list[tuple[str, PoolCapacity]]:
+                      pools: Mapping[Key, Sums]) -> list[tuple[str, PoolCapacity]]:
     """Redacted and full modes: each pool of at least ``min_hosts`` hosts (any pool in
     full mode), its counts in buckets (exact in full mode), by topic."""
-    pools: dict[tuple[str, str], list[HostState]] = {}
-    for host in hosts:
-        pools.setdefault((host.pool, host.gpu_class), []).append(host)
     full = cfg.mode is Mode.FULL
     out = []
-    for (pool, gpu_class), members in sorted(pools.items()):
-        if not full and len(members) < cfg.min_hosts:
+    for (pool, gpu_class), sums in sorted(pools.items()):
+        if not full and sums.hosts < cfg.min_hosts:
             continue  # too few hosts to hide any one of them
-        up = sum(1 for h in members if h.available)
-        gpus = sum(h.gpus.available for h in members if h.available)
+        up, gpus = sums.up, sums.gpus
         shape = exact if full else None
         hosts_up = shape(up) if shape else bucket(up, cfg.host_buckets)
-        hosts_down = shape(len(members) - up) if shape else bucket(
-            len(members) - up, cfg.host_buckets)
+        hosts_down = shape(sums.hosts - up) if shape else bucket(
+            sums.hosts - up, cfg.host_buckets)
         available = shape(gpus) if shape else bucket(gpus, cfg.gpu_buckets)
         out.append((pool_topic(pool, gpu_class), PoolCapacity(
             pool, gpu_class, hosts_up, hosts_down, available, Trend.STEADY, 0)))
@@ -53,20 +50,11 @@ def trend(latest: object, body: PoolCapacity, before: Trend) -> Trend:
     return before
 
 
-def true_counts(cfg: RedactionConfig, hosts: Sequence[HostState]) -> dict[str, Truth]:
+def true_counts(cfg: RedactionConfig, pools: Mapping[Key, Sums]) -> dict[str, Truth]:
     """Each pool's true counts from the latest hosts, a host's GPUs clamped to
-    ``host_gpus`` (the sensitivity the noise is scaled for)."""
-    cap = cfg.host_gpus
-    acc: dict[tuple[str, str], list[int]] = {}
-    for h in hosts:
-        c = acc.setdefault((h.pool, h.gpu_class), [0, 0, 0])
-        c[2] += 1
-        if h.available:
-            c[0] += min(h.gpus.available, cap)
-            c[1] += 1
-    return {pool_topic(pool, gpu_class): (pool, gpu_class, g, up, n - up)
-            for (pool, gpu_class), (g, up, n) in acc.items()
-            if n >= cfg.min_hosts}
+    ``host_gpus`` (the sensitivity the noise is scaled for; the tally clamps them)."""
+    return {pool_topic(pool, gpu_class): (pool, gpu_class, s.clamped, s.up, s.hosts - s.up)
+            for (pool, gpu_class), s in pools.items() if s.hosts >= cfg.min_hosts}
 
 
 def private_capacity(truth: Truth, plan: Plan, sample: Sampler) -> PoolCapacity:

@@ -7,6 +7,11 @@ agents); outputs are :class:`Publication` s, each a tenant-visible message
 with its topic, the tenant allowed to receive it (None: any tenant), and the
 earliest time it may go out.
 
+Longer than 400 lines: everything that reaches a tenant's topic (pool capacity in each
+mode, a job's health, advice and notices) goes through the topic state kept here, so
+that what a topic was told, and when, is decided in one place; what could be taken out
+(the rules per kind, the counts, the job index) is in modules of their own (below).
+
 Rules, each with a documented default in :class:`RedactionConfig`:
 
 * Pool capacity, in the default ``private`` mode, is released under differential
@@ -32,7 +37,8 @@ at all) exist for the simulator's comparison.
 This module keeps what tenants were told per topic and schedules what is new; the
 rules per kind of message are in controller/poolredaction.py (pool capacity) and
 controller/jobredaction.py (a job's own messages), the settings and names in
-controller/redactionconfig.py.
+controller/redactionconfig.py, each pool's counts as hosts change in
+controller/pooltally.py and the jobs to judge again in controller/jobindex.py.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from controller.jobindex import JobIndex
 from controller.jobredaction import (
     job_health,
     rebuilt_advisory,
@@ -54,6 +61,7 @@ from controller.poolredaction import (
     trend,
     true_counts,
 )
+from controller.pooltally import PoolTally, counted
 from controller.privacy import (
     Ledger,
     Plan,
@@ -105,11 +113,12 @@ class Redactor:
     _out: list[Publication] = field(default_factory=list)
     #: Each multi-host job's tuning as the controller's agreement sees it.
     _tuning: dict[str, tuple[str, TuningStatus]] = field(default_factory=dict)
-    #: Private mode: the noise (None: OpenDP's secure sampler), the accountant, the
-    #: latest hosts, and when each pool topic's next release is planned under which plan.
+    #: Private mode: the noise (None: OpenDP's secure sampler) and the accountant.
     sampler: Sampler | None = None
     ledger: Ledger = field(default_factory=Ledger)
-    _hosts: list[HostState] = field(default_factory=list)
+    #: The latest hosts and each pool's counts of them (a private release counts them
+    #: when it is due; the other modes, at each observation).
+    tally: PoolTally = field(default_factory=PoolTally)
     #: Private mode: each pool topic's plan and next release (controller/releaseschedule.py).
     schedules: Schedules = field(default_factory=Schedules)
     #: Private mode, ``stale_after``: each pool's latest release (when, what) and when it
@@ -118,13 +127,21 @@ class Redactor:
     _refresh_at: dict[str, float] = field(default_factory=dict)
     #: The names tenants may see (None: every name, as the simulator's own hosts have).
     names: PoolNames | None = None
-    #: Hosts left out of capacity at the last observation, by the (pool, class) their
-    #: agents reported.
-    held_back: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: For :meth:`observe_changes`: the jobs whose health may have changed, and the
+    #: rules it was last judged under (other rules: every job again).
+    _jobs: JobIndex = field(default_factory=JobIndex)
+    _judged_under: RedactionConfig | None = None
+
+    @property
+    def held_back(self) -> Counter[tuple[str, str]]:
+        """Hosts left out of capacity as last observed, by the (pool, class) their agents
+        reported."""
+        return self.tally.held_back
 
     # --- inputs ---------------------------------------------------------------------
 
     def place(self, placement: Placement) -> None:
+        self._jobs.place(placement, self.placements.get(placement.job))
         self.placements[placement.job] = placement
 
     def restore(self, topic: str, body: Message) -> None:
@@ -141,10 +158,12 @@ class Redactor:
         Returns whether it changed (then observe() again publishes it)."""
         changed = self._tuning.get(job) != (choice, status)
         self._tuning[job] = (choice, status)
+        if changed:
+            self._jobs.retuned(job)
         return changed
 
     def remove_job(self, job: str) -> None:
-        self.placements.pop(job, None)
+        self._jobs.remove(job, self.placements.pop(job, None))
         self._tuning.pop(job, None)
         for topic in [t for t in self._topics if t.startswith("job/") and
                       t.endswith(f"/{job}/")]:
@@ -152,7 +171,7 @@ class Redactor:
 
     def observe(self, hosts: Iterable[HostState], now: float,
                 jobs: Iterable[str] | None = None) -> None:
-        """Recompute every aggregate from the hosts' current states.
+        """Recompute every aggregate from exactly these hosts' current states.
 
         ``jobs``: the placed jobs whose health may have changed, in the order to look
         at them (None: every placed job). A caller that knows which hosts changed (the
@@ -161,13 +180,32 @@ class Redactor:
         """
         if self.cfg.mode is Mode.NONE:
             return
-        hosts = list(hosts)
-        named = self._named(hosts)
+        self.tally.rebuild(hosts, self.names, self.cfg.host_gpus)
+        self._observed(now, jobs)
+
+    def observe_changes(self, changed: Iterable[HostState], now: float) -> None:
+        """As :meth:`observe` of every host seen, given only the hosts whose state may
+        have changed since the last call (the controller's core): each pool's counts
+        are moved by those hosts alone, so the cost follows what changed, not how many
+        hosts there are. What comes out is what :meth:`observe` of them all gives."""
+        changed = list(changed)
+        self.tally.update(changed, self.names, self.cfg.host_gpus)
+        if self.cfg.mode is Mode.NONE:
+            return
+        # The jobs on a changed host, placed or retuned since (controller/jobindex.py);
+        # every job when the rules changed.
+        jobs: list[str] | None = self._jobs.take((v.host_id for v in changed),
+                                                 self.placements)
+        if self._judged_under != self.cfg:
+            self._judged_under, jobs = self.cfg, None
+        self._observed(now, jobs)
+
+    def _observed(self, now: float, jobs: Iterable[str] | None) -> None:
         if self.cfg.mode is Mode.PRIVATE:
-            self._private_truth(named, now)
+            self._private_truth(now)
         else:
-            self._capacity(named, now)
-        by_id = {h.host_id: h for h in hosts}
+            self._capacity(now)
+        by_id = self.tally.views
         placements = self.placements.values() if jobs is None else [
             p for job in jobs if (p := self.placements.get(job)) is not None]
         for placement in placements:
@@ -237,28 +275,8 @@ class Redactor:
         """The hosts a restart restored, before any is heard from: each pool's first plan
         is then the one the process before this one last used (controller/
         releaseschedule.py)."""
-        counts: Counter[str] = Counter()
-        for host in hosts:
-            own = (host.pool, host.gpu_class) if self.names is None else self.names.own(
-                host.pool, host.gpu_class)
-            if own is not None:
-                counts[pool_topic(*own)] += 1
-        self.schedules.restore(counts.items())
-
-    def _named(self, hosts: list[HostState]) -> list[HostState]:
-        """The hosts whose pool and class are declared, under the declared strings."""
-        if self.names is None:
-            return hosts
-        named, self.held_back = [], Counter()
-        for host in hosts:
-            own = self.names.own(host.pool, host.gpu_class)
-            if own is None:
-                self.held_back[(host.pool, host.gpu_class)] += 1
-            elif own == (host.pool, host.gpu_class):
-                named.append(host)  # already so named: no copy (a copy per host per batch)
-            else:
-                named.append(replace(host, pool=own[0], gpu_class=own[1]))
-        return named
+        pools = counted(hosts, self.cfg.host_gpus, self.names)
+        self.schedules.restore((pool_topic(*key), sums.hosts) for key, sums in pools.items())
 
     # --- outputs --------------------------------------------------------------------
 
@@ -333,8 +351,8 @@ class Redactor:
             at += self.rng.uniform(0.0, self.cfg.jitter) if self.cfg.jitter else 0.0
         state.pending, state.pending_at = body, at
 
-    def _capacity(self, hosts: list[HostState], now: float) -> None:
-        for topic, body in shaped_capacities(self.cfg, hosts):
+    def _capacity(self, now: float) -> None:
+        for topic, body in shaped_capacities(self.cfg, self.tally.pools):
             self._capacity_message(topic, body, now, immediate=False)
 
     def _capacity_message(self, topic: str, body: PoolCapacity, now: float,
@@ -346,19 +364,18 @@ class Redactor:
         moved = self._trend[topic] = trend(latest, body, self._trend.get(topic, Trend.STEADY))
         self._schedule(topic, replace(body, trend=moved), now, immediate=immediate)
 
-    def _private_truth(self, hosts: list[HostState], now: float) -> None:
-        """Private mode: keep the hosts for the next planned release (counted only then),
-        and each pool's inventory for its plan."""
-        self._hosts = hosts
-        for (pool, gpu_class), count in Counter((h.pool, h.gpu_class) for h in hosts).items():
-            self.schedules.see(pool_topic(pool, gpu_class), count, now, self._sized)
+    def _private_truth(self, now: float) -> None:
+        """Private mode: each pool's inventory for its plan (its counts are taken when
+        its next planned release is due)."""
+        for (pool, gpu_class), sums in self.tally.pools.items():
+            self.schedules.see(pool_topic(pool, gpu_class), sums.hosts, now, self._sized)
 
     def _private_releases(self, now: float) -> None:
         due = self.schedules.due(now)
         if not due:
             return
         sample = self.sampler or opendp_sampler
-        counts = true_counts(self.cfg, self._hosts)
+        counts = true_counts(self.cfg, self.tally.pools)
         for topic in due:
             # A configuration reloaded since: the new plan, with the spacing it needs.
             self.schedules.check(topic, now, self._sized)

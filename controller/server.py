@@ -51,6 +51,7 @@ from controller.gateway.http import Gateway
 from controller.gateway.tokens import TokenBook, Tokens
 from controller.handshakes import PortWatch
 from controller.handshakes import watch as watch_handshakes
+from controller.heartbeats import heartbeat_sender
 from controller.limits import raise_descriptor_limit
 from controller.operatorcommands import OperatorCommands
 from controller.outputs import (
@@ -67,7 +68,15 @@ from controller.outputs import (
 )
 from controller.publications import SENDER
 from controller.scheduler.wiring import SchedulerWiring
-from controller.sockets import ZMQ_PEER, agent_router, bind_or_say, decoded, feed_router, sent
+from controller.sockets import (
+    ZMQ_PEER,
+    agent_router,
+    bind_or_say,
+    decoded,
+    feed_router,
+    received,
+    sent,
+)
 from controller.store import Store, StoreError
 from controller.writeback import Writer
 from harmonaize import keys
@@ -258,6 +267,10 @@ class ControllerServer(OperatorCommands):
     async def _ingest_loop(self) -> None:
         assert self.router is not None
         authenticated = self.zap is not None
+        core = self.core
+        # The same socket, read without asyncio's future per frame: the loop drains what
+        # is queued, then awaits the asyncio socket's readiness again.
+        router = zmq.Socket.shadow(self.router.underlying)
         while True:
             await self.router.poll(flags=zmq.POLLIN)
             now = time.monotonic()
@@ -265,16 +278,24 @@ class ControllerServer(OperatorCommands):
             senders: set[str] = set()
             for _ in range(BATCH):
                 try:
-                    frames = self.router.recv_multipart(flags=zmq.NOBLOCK, copy=False).result()
+                    frames = received(router)
                 except zmq.Again:
                     break
-                conn, message = decoded(frames, AGENT_KINDS)
                 # The key's name, which the core holds the frame's sender to.
                 host = frames[1].get("User-Id") if authenticated and len(frames) == 2 else None
-                out += self.core.receive(AgentPeer(conn, host), message, now)
+                if len(frames) == 2:
+                    # A heartbeat from a known host, the common case, without the full
+                    # decoder and envelope (controller/heartbeats.py); all else below.
+                    sender = heartbeat_sender(frames[1].bytes)
+                    if sender is not None and core.heartbeat(AgentPeer(frames[0].bytes, host),
+                                                             sender, now):
+                        senders.add(host or sender)
+                        continue
+                conn, message = decoded(frames, AGENT_KINDS)
+                out += core.receive(AgentPeer(conn, host), message, now)
                 if isinstance(message, Envelope):
                     senders.add(host or message.sender)
-            out += self.core.tick(now, time.time())  # a Commit, then what it allows
+            out += core.tick(now, time.time())  # a Commit, then what it allows
             self._execute(out)
             self.scheduler.poke(senders)  # a sender's holds may have changed
 

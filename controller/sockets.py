@@ -34,6 +34,16 @@ def bind_or_say(sock: zmq.Socket, key: str, endpoint: str) -> None:
                            ) from None
 
 
+def received(sock: zmq.Socket) -> list[zmq.Frame]:
+    """One message's frames from a sync socket without waiting (zmq.Again: none queued).
+    A message's frames arrive together, so only the first can find none; read part by
+    part, as recv_multipart does, without its per-frame option lookups."""
+    frames = [sock.recv(flags=zmq.NOBLOCK, copy=False)]
+    while frames[-1].more:
+        frames.append(sock.recv(flags=zmq.NOBLOCK, copy=False))
+    return frames
+
+
 def decoded(frames: list[zmq.Frame], kinds: frozenset[str], *,
              strict: bool = False) -> tuple[bytes, Envelope | BadFrame]:
     """A frame pair as (routing id, message), or why it is none."""

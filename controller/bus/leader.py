@@ -64,9 +64,7 @@ from controller.publications import SENDER
 from controller.store import Store
 from harmonaize.messages import (
     Ack,
-    Envelope,
     ErrorCode,
-    Heartbeat,
     Reply,
     Resync,
     WireError,
@@ -391,10 +389,9 @@ class Leader:
             if kind == "agents":
                 outputs += self._agents(core, item, now)
             elif kind == "beats":
-                for host in item:
-                    if host in core.cluster.hosts:
-                        outputs += core.receive(AgentPeer(peer_of(host), host), Envelope(
-                            "heartbeat", host, 0, wall, Heartbeat(0.0, 0)), now)
+                # A heartbeat of each host, as a frame from it would be applied, in one
+                # pass: a beat names every host a replica serves, twice a second.
+                core.heard(item, now)
             elif kind == "request":
                 outputs += self._tenant_request(core, item, now)
             elif kind == "admin":

@@ -14,6 +14,7 @@ from controller.poolredaction import (
     trend,
     true_counts,
 )
+from controller.pooltally import counted
 from controller.privacy import Plan, margin, release_epsilon
 from controller.redaction import Redactor
 from controller.redactionconfig import Mode, PoolNames, PoolPrivacy, RedactionConfig, bucket
@@ -58,12 +59,13 @@ def test_bucket_edges_and_the_release_interval_are_checked() -> None:
 def test_redacted_capacity_needs_min_hosts_and_full_mode_counts_every_pool_exactly() -> None:
     hosts = [host("a", busy=2), host("b", alive=False), host("c", pool="small")]
     redacted = RedactionConfig(mode=Mode.REDACTED, min_hosts=2)
-    ((topic, body),) = shaped_capacities(redacted, hosts)
+    ((topic, body),) = shaped_capacities(redacted, counted(hosts, redacted.host_gpus))
     assert topic == "pool/p/h100"
     assert (body.hosts_up, body.hosts_down, body.gpus_available) == (
         bucket(1, redacted.host_buckets), bucket(1, redacted.host_buckets),
         bucket(6, redacted.gpu_buckets))
-    full = dict(shaped_capacities(RedactionConfig(mode=Mode.FULL, min_hosts=5), hosts))
+    full = dict(shaped_capacities(RedactionConfig(mode=Mode.FULL, min_hosts=5),
+                                  counted(hosts, 8)))
     assert sorted(full) == ["pool/p/h100", "pool/small/h100"]
     assert (full["pool/p/h100"].hosts_up, full["pool/p/h100"].hosts_down,
             full["pool/p/h100"].gpus_available) == (Bucket(1, 1), Bucket(1, 1), Bucket(6, 6))
@@ -84,7 +86,8 @@ def test_true_counts_clamp_each_hosts_gpus_and_leave_out_small_pools() -> None:
     cfg = RedactionConfig(host_gpus=4, min_hosts=2)
     hosts = [host("a", gpus=8), host("b", gpus=2), host("c", alive=False),
              host("d", pool="small")]
-    assert true_counts(cfg, hosts) == {"pool/p/h100": ("p", "h100", 6, 2, 1)}
+    assert true_counts(cfg, counted(hosts, cfg.host_gpus)) == {
+        "pool/p/h100": ("p", "h100", 6, 2, 1)}
 
 
 def test_a_private_release_is_the_range_around_each_noisy_count() -> None:
