@@ -7,6 +7,11 @@ had when the new one is equal), so the same object is turned into plain values c
 after commit; that walk cost more than applying the frame. Summaries are frozen, so
 what an object turns into never changes: it is kept per object (by identity, the object
 held so its identity is not reused), and the memo is emptied when it outgrows its bound.
+
+The other way (a takeover's restore: every host's stored summary, then every host record
+of the commits since the snapshot), equal bytes make one shared object: a region's
+summaries are mostly alike, so most are checked and built once, not once per host and
+per commit, and the shared object's bytes are then made once by the memos above.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import msgpack
 
 from harmonaize.messages import HostSummary
-from harmonaize.schema import to_plain
+from harmonaize.schema import from_plain, to_plain
 
 T = TypeVar("T")
 #: Objects remembered at most (a region's hosts, twice, before the memo starts again).
@@ -49,3 +54,26 @@ def _packed(summary: HostSummary) -> bytes:
 summary_plain: IdentityMemo[Any] = IdentityMemo(to_plain)
 #: A summary as the store keeps it (msgpack of its plain values).
 summary_packed: IdentityMemo[bytes] = IdentityMemo(_packed)
+
+
+class BytesMemo:
+    """A summary from its msgpack bytes, one frozen object per distinct bytes."""
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self._limit = limit
+        self._memo: dict[bytes, HostSummary] = {}
+
+    def __call__(self, data: bytes) -> HostSummary:
+        kept = self._memo.get(data)
+        if kept is not None:
+            return kept
+        # Checked as on the wire; bytes that fail raise and are not remembered.
+        summary = from_plain(HostSummary, msgpack.unpackb(data))
+        if len(self._memo) >= self._limit:
+            self._memo.clear()
+        self._memo[data] = summary
+        return summary
+
+
+#: A summary from the bytes the store keeps (or a Commit's plain values, packed).
+summary_unpacked = BytesMemo()

@@ -23,7 +23,7 @@ import msgpack
 from controller.cluster import HostRecord
 from controller.notices import Notice
 from controller.outputs import Restored, Writes
-from controller.plainmemo import summary_packed
+from controller.plainmemo import summary_packed, summary_unpacked
 from controller.storefile import (
     SCHEMA_VERSION,
     UPGRADABLE,
@@ -35,7 +35,7 @@ from controller.storefile import (
     problem,
 )
 from controller.types import Member, Placement
-from harmonaize.messages import HostSummary, JobDeclaration, JobProgress, WireError, decode
+from harmonaize.messages import JobDeclaration, JobProgress, WireError, decode
 from harmonaize.messages.jobhealth import ProgressState
 from harmonaize.schema import SchemaError, from_plain, to_plain
 
@@ -115,7 +115,7 @@ class Store:
             summary = None
             if row[10] is not None:
                 try:
-                    summary = from_plain(HostSummary, msgpack.unpackb(row[10]))
+                    summary = summary_unpacked(row[10])
                 except (SchemaError, ValueError):
                     summary = None  # written by an older version: the agent will resend
             records.append(

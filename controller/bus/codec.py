@@ -17,9 +17,9 @@ import msgpack
 from controller.cluster import HostRecord, StoredEvent
 from controller.notices import Notice
 from controller.outputs import FeedEntry, Writes
-from controller.plainmemo import summary_plain
+from controller.plainmemo import summary_plain, summary_unpacked
 from controller.types import Member, Placement
-from harmonaize.messages import HostEvent, HostSummary, JobDeclaration
+from harmonaize.messages import HostEvent, JobDeclaration
 from harmonaize.schema import from_plain, to_plain
 
 #: Raised when the bytes are not a commit of this version.
@@ -47,8 +47,9 @@ def _host(record: HostRecord) -> dict[str, Any]:
 
 def _record(plain: dict[str, Any]) -> HostRecord:
     summary = plain.pop("summary")
-    return HostRecord(**plain, summary=None if summary is None else from_plain(
-        HostSummary, summary))
+    # Packed again only to find the equal summary already built (most are alike).
+    return HostRecord(**plain, summary=None if summary is None else summary_unpacked(
+        msgpack.packb(summary)))
 
 
 def _placement(placement: Placement) -> dict[str, Any]:
