@@ -17,6 +17,7 @@ table stays bounded by live tenants, whatever they do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -134,6 +135,13 @@ class FeedHub:
     #: Per tenant (one entry per key on file, so bounded): its requests and replays.
     _requests: dict[str, TokenBucket] = field(default_factory=dict)
     _replays: dict[str, TokenBucket] = field(default_factory=dict)
+    #: Per tenant: the prefixes its subscribers hold, so that a subscription's check of
+    #: the tenant's limit does not look at every other subscriber (thousands of them).
+    _held: dict[str, int] = field(default_factory=dict)
+    #: No subscription lapses before this (a bound, exact after each :meth:`expire`):
+    #: renewals only move lapses later, so the loop need not look at every subscriber
+    #: after every batch to know when to look again.
+    earliest: float = math.inf
 
     def configure(self, budgets: Budgets) -> None:
         """A reload's budgets apply to every tenant at once, not only to tenants first
@@ -181,11 +189,15 @@ class FeedHub:
                 refused.append(Refusal(prefix, why[1], why[0].value))
         self.refused += len(refused)
         old = self.subscribers.get(peer)
+        if old is not None:
+            self._release(old)
         if accepted:
+            self._held[tenant] = self._held.get(tenant, 0) + len(accepted)
             sub = self.subscribers[peer] = Subscriber(
                 peer, tenant, tuple(accepted), old.since if old else now, now + self.renew,
                 old.sent if old else 0, old.dropped if old else 0,
                 (old.refused if old else 0) + len(refused))
+            self.earliest = min(self.earliest, sub.renew_by)
         elif old is not None:
             del self.subscribers[peer]
             sub = None
@@ -206,8 +218,17 @@ class FeedHub:
                             set(accepted) - set(old.prefixes) else [])
 
     def _count(self, tenant: str, peer: bytes) -> int:
-        return sum(len(s.prefixes) for p, s in self.subscribers.items()
-                   if s.tenant == tenant and p != peer)
+        """Prefixes the tenant's other subscribers hold."""
+        old = self.subscribers.get(peer)
+        mine = len(old.prefixes) if old is not None and old.tenant == tenant else 0
+        return self._held.get(tenant, 0) - mine
+
+    def _release(self, sub: Subscriber) -> None:
+        left = self._held.get(sub.tenant, 0) - len(sub.prefixes)
+        if left > 0:
+            self._held[sub.tenant] = left
+        else:
+            self._held.pop(sub.tenant, None)
 
     def targets(self, topic: str) -> list[Subscriber]:
         return [s for s in self.subscribers.values() if s.wants(topic)]
@@ -216,8 +237,12 @@ class FeedHub:
         gone = [s for s in self.subscribers.values() if s.renew_by < now]
         for sub in gone:
             del self.subscribers[sub.peer]
+            self._release(sub)
+        self.earliest = min((s.renew_by for s in self.subscribers.values()), default=math.inf)
         return gone
 
     def drop(self, peers: Iterable[bytes]) -> None:
         for peer in peers:
-            self.subscribers.pop(peer, None)
+            sub = self.subscribers.pop(peer, None)
+            if sub is not None:
+                self._release(sub)

@@ -224,8 +224,9 @@ class Publications:
             log.info("tenant %r's subscription lapsed (not renewed)", sub.tenant)
 
     def next_expiry(self) -> float | None:
-        """When the first subscription lapses unless renewed."""
-        return min((s.renew_by for s in self.hub.subscribers.values()), default=None)
+        """When the first subscription may lapse unless renewed (no later than it does)."""
+        earliest = self.hub.earliest
+        return None if math.isinf(earliest) else earliest
 
     def delivered(self, send: SendToTenant | AnswerTenant, outcome: Delivery) -> None:
         sub = self.hub.subscribers.get(send.peer)
