@@ -65,6 +65,8 @@ class FeedStreams:
     hwm: int
     streams: dict[bytes, Stream]
     stats: GatewayStats
+    #: Each publication's CloudEvent, written once for all the streams it goes to.
+    written: events.EventCache
     _numbers: itertools.count[int]
 
     if TYPE_CHECKING:  # in controller/gateway/http.py
@@ -139,7 +141,7 @@ class FeedStreams:
     async def _send(self, response: web.StreamResponse, topic: str, frame: bytes,
                     cursor: Cursor) -> None:
         epoch = self.shell.core.feed.epoch
-        await self._write(response, events.cloudevent(frame, topic, self.cfg.source, epoch),
+        await self._write(response, self.written.get(frame, topic, self.cfg.source, epoch),
                           cursor)
 
     async def _present(self, response: web.StreamResponse, stream: Stream) -> Cursor:
@@ -187,21 +189,40 @@ class FeedStreams:
 
     async def _live(self, response: web.StreamResponse, stream: Stream,
                     cursor: Cursor) -> None:
+        """What the hub hands the stream, written as it comes: all that is queued at once
+        in one write (a publication reaches thousands of streams in one pass of the loop,
+        each stream's writer then wakes once for what it has)."""
+        queue, source = stream.queue, self.cfg.source
         while True:
-            try:
-                send = await asyncio.wait_for(stream.queue.get(), self.cfg.keepalive)
-            except TimeoutError:
-                await response.write(b": keep-alive\n\n")
-                continue
+            if queue.empty():
+                try:
+                    async with asyncio.timeout(self.cfg.keepalive):
+                        first = await queue.get()
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                    continue
+            else:
+                first = queue.get_nowait()
             if stream.ending in ("revoked", "closing", "logged out"):
                 log.info("ended a stream of tenant %r: %s", stream.tenant, stream.ending)
                 return
-            if send.offset > 0:
+            batch = [first]
+            while not queue.empty():  # at most a queue's length (the feed's send_hwm)
+                batch.append(queue.get_nowait())
+            epoch = self.shell.core.feed.epoch
+            chunks = []
+            for send in batch:
+                if send.offset <= 0:
+                    continue  # a republication, or the wake-up of an ending stream
                 name = stream_of(send.topic)
                 if send.offset > cursor.at(name):
                     cursor = cursor.moved(name, send.offset)
-                    await self._send(response, send.topic, send.frame, cursor)
-            if stream.ending == "behind" and stream.queue.empty():
+                    chunks.append(events.sse(self.written.get(send.frame, send.topic, source,
+                                                              epoch), cursor))
+            if chunks:
+                await response.write(b"".join(chunks))
+                self.stats.events += len(chunks)
+            if stream.ending == "behind" and queue.empty():
                 self.stats.overflowed += 1
                 log.warning("closed a stream of tenant %r that fell %d messages behind; it "
                             "resumes from its cursor", stream.tenant, self.hwm)
