@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import resource
+import shutil
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -246,6 +249,17 @@ def agent_socket(ctx: zmq.Context[zmq.Socket[bytes]], listen: str, keyring: Keyr
     return agent
 
 
+def profiler(args: argparse.Namespace, pid: int) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the controller for as long as the rounds last (on the other CPUs)."""
+    if args.profile is None:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--nonblocking",
+                             "--duration", str(int(args.rounds * args.interval) + 1),
+                             "--format", "raw", "--output", str(args.profile)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def config(work: Path, keyring: Keyring, listen: str, feed: str, gateway: int) -> Path:
     cfg = work / "controller.toml"
     cfg.write_text(
@@ -277,20 +291,25 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.5,
                         help="seconds between publications")
     parser.add_argument("--workers", type=int, default=4, help="processes per transport")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write py-spy's collapsed stacks of the controller during the "
+                        "rounds here (py-spy must be on PATH)")
     args = parser.parse_args()
     if args.subscribers < 1 or args.rounds < 1 or args.workers < 1 or args.interval <= 0:
         parser.error("--subscribers, --rounds and --workers at least 1, --interval above 0")
     transports = ["zmq", "sse"] if args.transport == "both" else [args.transport]
-    # Each connection is a descriptor at the controller and at its subscriber.
-    want = 2 * args.subscribers * len(transports) + 4096
+    # Each subscriber's connection is a descriptor at the controller (which raises its
+    # soft limit to the hard one); the workers hold theirs in separate processes.
+    need = args.subscribers * len(transports) + 1024
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want, 65536)))
-    except (ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        if hard < want:
-            print(f"fanout: {want} descriptors wanted, {hard} allowed", file=sys.stderr)
-            return 1
+    with contextlib.suppress(ValueError, OSError):  # only with the privilege to
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, max(hard, need)))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard < need:
+        print(f"fanout: {need} descriptors wanted at the controller, the hard limit is "
+              f"{hard}: run fewer subscribers, or one transport at a time", file=sys.stderr)
+        return 1
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         print("fanout: needs two CPUs (the controller on one, subscribers on the rest)",
@@ -342,6 +361,7 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
         time.sleep(1.0)
         before = request(admin, "status")["feed_stats"]
         subs_cpu = {p.pid: cpu_seconds(p.pid) for p in procs}
+        spy = profiler(args, proc.pid)
         ctl_cpu, wall = cpu_seconds(proc.pid), time.monotonic()
         for i in range(args.rounds):
             kind = transports[i % len(transports)]
@@ -356,6 +376,8 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
                     agent.recv()
         ctl_cpu, wall = cpu_seconds(proc.pid) - ctl_cpu, time.monotonic() - wall
         subs_used = sum(cpu_seconds(p.pid) - subs_cpu[p.pid] for p in procs)
+        if spy is not None:
+            spy.wait(timeout=60)
         time.sleep(1.0)
         stats = request(admin, "status")["feed_stats"]
         publications = stats.get("published", 0) - before.get("published", 0)
