@@ -104,31 +104,32 @@ def zmq_worker(feed: str, creds: list[Credentials], prefix: str, conn: Connectio
             for sock in socks:
                 sock.send(subscribe)
             last_renew = time.monotonic()
+        # One message per ready socket per poll (zmq_poll is level-triggered: a socket
+        # with more comes again), not a drain loop ending in an exception per socket.
         for sock, _ in poller.poll(100):
-            while True:
-                try:
-                    topic, frame = sock.recv_multipart(flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                now = time.time()
-                if not topic:
-                    reply = decode(frame).body
-                    if isinstance(reply, m.Subscribed) and sock not in baseline:
-                        if not reply.accepted:
-                            conn.send(f"refused: {reply.refused}")
-                            return
-                        baseline[sock] = {p.topic: p.seq for p in reply.positions}
-                        if len(baseline) == len(socks):
-                            conn.send("subscribed")
-                    continue
-                envelope = msgpack.unpackb(frame, raw=False)
-                # Count each publication once: what came before we subscribed (sent to late
-                # joiners) and republications of what we have are no fan-out.
-                seen = baseline.setdefault(sock, {})
-                name = topic.decode()
-                if envelope[4] > seen.get(name, 0):
-                    seen[name] = envelope[4]
-                    latencies.append((now - envelope[5]) * 1000)
+            try:
+                topic, frame = sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            now = time.time()
+            if not topic:
+                reply = decode(frame).body
+                if isinstance(reply, m.Subscribed) and sock not in baseline:
+                    if not reply.accepted:
+                        conn.send(f"refused: {reply.refused}")
+                        return
+                    baseline[sock] = {p.topic: p.seq for p in reply.positions}
+                    if len(baseline) == len(socks):
+                        conn.send("subscribed")
+                continue
+            envelope = msgpack.unpackb(frame, raw=False)
+            # Count each publication once: what came before we subscribed (sent to late
+            # joiners) and republications of what we have are no fan-out.
+            seen = baseline.setdefault(sock, {})
+            name = topic.decode()
+            if envelope[4] > seen.get(name, 0):
+                seen[name] = envelope[4]
+                latencies.append((now - envelope[5]) * 1000)
     conn.send(latencies)
     ctx.destroy(linger=0)
 
