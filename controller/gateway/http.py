@@ -74,6 +74,7 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
         self.hwm = hwm
         self.tokens = shell.tokens
         self.streams: dict[bytes, Stream] = {}
+        self.open_per_tenant: dict[str, int] = {}
         self.written = events.EventCache()
         self.stats = GatewayStats()
         self._numbers = itertools.count(1)

@@ -64,6 +64,8 @@ class FeedStreams:
     shell: Shell
     hwm: int
     streams: dict[bytes, Stream]
+    #: Streams open per tenant (its limit is checked at each open, among thousands).
+    open_per_tenant: dict[str, int]
     stats: GatewayStats
     #: Each publication's CloudEvent, written once for all the streams it goes to.
     written: events.EventCache
@@ -91,7 +93,7 @@ class FeedStreams:
             raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {cursor} is beyond the "
                           f"present ({present}): resume from a cursor the feed gave, or "
                           "without one")
-        mine = sum(1 for s in self.streams.values() if s.tenant == tenant)
+        mine = self.open_per_tenant.get(tenant, 0)
         if len(self.streams) >= self.cfg.max_streams or mine >= self.cfg.streams_per_tenant:
             raise Refused(ErrorCode.TOO_MANY_SUBSCRIPTIONS, "too many streams open "
                           f"({self.cfg.streams_per_tenant} per tenant)")
@@ -108,6 +110,7 @@ class FeedStreams:
         stream = Stream(peer, tenant, reply.accepted, asyncio.Queue(self.hwm),
                         request.get("token"), request.get("session"))
         self.streams[peer] = stream
+        self.open_per_tenant[tenant] = mine + 1
         self.stats.streams += 1
         response = web.StreamResponse(headers={**SSE_HEADERS,
                                                "X-Request-Id": request["request_id"]})
@@ -130,7 +133,12 @@ class FeedStreams:
             pass
         finally:
             core.detach(peer)
-            self.streams.pop(peer, None)
+            if self.streams.pop(peer, None) is not None:
+                left = self.open_per_tenant[tenant] - 1
+                if left:
+                    self.open_per_tenant[tenant] = left
+                else:
+                    del self.open_per_tenant[tenant]
         return response
 
     async def _write(self, response: web.StreamResponse, event: bytes,
