@@ -79,7 +79,7 @@ class Subscriber:
     refused: int = 0
 
     def wants(self, topic: str) -> bool:
-        return any(topic.startswith(p) for p in self.prefixes)
+        return topic.startswith(self.prefixes)
 
 
 @dataclass
@@ -142,6 +142,10 @@ class FeedHub:
     #: renewals only move lapses later, so the loop need not look at every subscriber
     #: after every batch to know when to look again.
     earliest: float = math.inf
+    #: Per topic, the peers subscribed to it, kept until who subscribes to what changes
+    #: (a renewal of the same prefixes changes nothing): a publication to thousands of
+    #: subscribers does not ask each of them again.
+    _peers: dict[str, list[bytes]] = field(default_factory=dict)
 
     def configure(self, budgets: Budgets) -> None:
         """A reload's budgets apply to every tenant at once, not only to tenants first
@@ -191,6 +195,8 @@ class FeedHub:
         old = self.subscribers.get(peer)
         if old is not None:
             self._release(old)
+        if old is None or old.prefixes != tuple(accepted):
+            self._peers.clear()
         if accepted:
             self._held[tenant] = self._held.get(tenant, 0) + len(accepted)
             sub = self.subscribers[peer] = Subscriber(
@@ -233,11 +239,22 @@ class FeedHub:
     def targets(self, topic: str) -> list[Subscriber]:
         return [s for s in self.subscribers.values() if s.wants(topic)]
 
+    def peers(self, topic: str) -> list[bytes]:
+        """The peers subscribed to ``topic`` (the list is shared: read it, never change it)."""
+        found = self._peers.get(topic)
+        if found is None:
+            if len(self._peers) >= 4096:  # topics come and go (jobs): keep it bounded
+                self._peers.clear()
+            found = self._peers[topic] = [s.peer for s in self.subscribers.values()
+                                          if s.wants(topic)]
+        return found
+
     def expire(self, now: float) -> list[Subscriber]:
         gone = [s for s in self.subscribers.values() if s.renew_by < now]
         for sub in gone:
             del self.subscribers[sub.peer]
             self._release(sub)
+            self._peers.clear()
         self.earliest = min((s.renew_by for s in self.subscribers.values()), default=math.inf)
         return gone
 
@@ -246,3 +263,4 @@ class FeedHub:
             sub = self.subscribers.pop(peer, None)
             if sub is not None:
                 self._release(sub)
+                self._peers.clear()

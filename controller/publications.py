@@ -88,8 +88,7 @@ class Publications:
             self.latest[topic] = (seq, frame, offset)
         self._log.append(FeedEntry(topic, seq, condition, frame, stream, offset))
         self.stats["published"] += 1
-        return [SendToTenant(sub.peer, topic, frame, offset)
-                for sub in self.hub.targets(topic)]
+        return [SendToTenant(peer, topic, frame, offset) for peer in self.hub.peers(topic)]
 
     def accept(self, entries: list[FeedEntry]) -> list[SendToTenant]:
         """Publications numbered elsewhere (a cluster's leader): kept as numbered, each
@@ -105,15 +104,15 @@ class Publications:
                 self.latest[entry.topic] = (entry.seq, entry.frame, entry.offset)
             self._log.append(entry)
             self.stats["published"] += 1
-            sends += [SendToTenant(sub.peer, entry.topic, entry.frame, entry.offset)
-                      for sub in self.hub.targets(entry.topic)]
+            sends += [SendToTenant(peer, entry.topic, entry.frame, entry.offset)
+                      for peer in self.hub.peers(entry.topic)]
         return sends
 
     def republish(self) -> list[SendToTenant]:
         """Every condition again as it was (same sequence number)."""
-        return [SendToTenant(sub.peer, topic, frame)
+        return [SendToTenant(peer, topic, frame)
                 for topic, (_, frame, _) in self.latest.items()
-                for sub in self.hub.targets(topic)]
+                for peer in self.hub.peers(topic)]
 
     def heads(self, tenant: str) -> tuple[int, int]:
         """The newest offsets of the two streams the tenant may see (pool, its jobs)."""
