@@ -67,15 +67,7 @@ from controller.outputs import (
 )
 from controller.publications import SENDER
 from controller.scheduler.wiring import SchedulerWiring
-from controller.sockets import (
-    ZMQ_PEER,
-    FanOut,
-    agent_router,
-    bind_or_say,
-    decoded,
-    feed_router,
-    sent,
-)
+from controller.sockets import ZMQ_PEER, agent_router, bind_or_say, decoded, feed_router, sent
 from controller.store import Store, StoreError
 from controller.writeback import Writer
 from harmonaize import keys
@@ -126,7 +118,6 @@ class ControllerServer(OperatorCommands):
         self.router: zmq.asyncio.Socket | None = None
         self._pair: keys.KeyPair | None = None
         self.tenants: zmq.asyncio.Socket | None = None
-        self._fanout: FanOut | None = None  # the sends to tenants' sockets
         self.zap: ZapHandler | None = None
         self.ports = {"agents": PortWatch("agent"), "feed": PortWatch("feed")}
         #: Tenants over HTTP ([gateway]); None where it is off.
@@ -169,7 +160,6 @@ class ControllerServer(OperatorCommands):
         self.tenants = feed_router(self._ctx, self.cfg.feed.send_hwm, self.cfg.feed.socket_buffer,
                                    pair)
         bind_or_say(self.tenants, "controller.feed", self.cfg.controller.feed)
-        self._fanout = FanOut(self.tenants)
 
     def _agent_socket(self) -> zmq.asyncio.Socket:
         """The agents' ROUTER, bound (a cluster replica makes it again after its bus
@@ -378,8 +368,6 @@ class ControllerServer(OperatorCommands):
                                                   out.retained_from):
                     self.core.delivered(SendToTenant(out.peer, out.topic, frame),
                                         self._to_tenant(out.peer, out.topic.encode(), frame))
-        if self._fanout is not None:
-            self._fanout.done()
         self.core.storage_paused = writer.paused
         self._wake.set()
 
@@ -397,10 +385,10 @@ class ControllerServer(OperatorCommands):
 
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
         """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
-        assert self._fanout is not None
+        assert self.tenants is not None
         if not peer.startswith(ZMQ_PEER):
             return Delivery.GONE  # a gateway's peer after the gateway closed
-        exc = self._fanout.send(peer[1:], topic, frame)
+        exc = sent(self.tenants.send_multipart([peer[1:], topic, frame], flags=zmq.NOBLOCK))
         if exc is None:
             return Delivery.SENT
         if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:

@@ -18,55 +18,6 @@ from harmonaize.messages import MAX_FRAME, Envelope, WireError, decode
 
 #: The core's name for a tenant's ZeroMQ connection: this, then its routing id.
 ZMQ_PEER = b"z"
-_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
-_LAST = int(zmq.NOBLOCK)
-#: Sends between two looks at the socket's news (its peers' queues).
-NEWS_EVERY = 16
-
-
-class FanOut:
-    """Non-blocking sends on an asyncio ROUTER without an asyncio send each.
-
-    A publication goes to thousands of subscribers in one pass of the loop. The asyncio
-    socket makes each send a Future and, after each, asks the socket for its events (a
-    send can take the edge that would have woken a pending receive); here the sends go
-    through a plain shadow of the same socket and the events are looked at once, by
-    :meth:`done`, after the pass."""
-
-    def __init__(self, sock: zmq.asyncio.Socket) -> None:
-        self.sock = sock
-        self._plain = zmq.Socket.shadow(sock.underlying)
-        self._sent = False
-        self._since_news = 0
-
-    def send(self, routing_id: bytes, topic: bytes, frame: bytes) -> BaseException | None:
-        """Send one message; the error, if any (EAGAIN: full; EHOSTUNREACH: gone)."""
-        plain = self._plain
-        try:
-            plain.send(routing_id, _MORE)
-            plain.send(topic, _MORE)
-            plain.send(frame, _LAST)
-        except zmq.ZMQError as exc:
-            return exc
-        self._sent = True
-        self._since_news += 1
-        if self._since_news >= NEWS_EVERY:
-            # As the asyncio socket does after each send (here after every few): the
-            # socket takes in its peers' news (a queue drained, a peer gone), so a full
-            # queue is found full and a slow subscriber loses only its own messages
-            # (tests/controller/test_feed.py).
-            self._since_news = 0
-            plain.get(zmq.EVENTS)
-        return None
-
-    def done(self) -> None:
-        """After a pass of sends: wake a receive whose edge a send took (what pyzmq's
-        asyncio socket does after each of its own sends)."""
-        if self._sent:
-            self._sent = False
-            recheck = getattr(self.sock, "_schedule_remaining_events", None)
-            if recheck is not None:
-                recheck()
 
 
 def sent(future: Any) -> BaseException | None:
