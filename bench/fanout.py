@@ -261,6 +261,16 @@ def profiler(args: argparse.Namespace, pid: int) -> subprocess.Popen[bytes] | No
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def acked(agent: zmq.Socket[bytes], seq: int) -> None:
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        if agent.poll(1000):
+            body = decode(agent.recv()).body
+            if isinstance(body, m.Ack) and body.seq >= seq:
+                return
+    raise SystemExit(f"the controller did not acknowledge change {seq} within 30 s")
+
+
 def config(work: Path, keyring: Keyring, listen: str, feed: str, gateway: int) -> Path:
     cfg = work / "controller.toml"
     cfg.write_text(
@@ -371,10 +381,11 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
             agents[kind].send(encode(m.HostSummary(m.Health.HEALTHY, True,
                                                    m.GpuCounts(healthy=healthy)),
                                      sender=f"bench-{POOLS[kind]}", seq=turn + 1))
+            # Its acknowledgement comes after the batch that published it: a controller
+            # still busy with the last fan-out would otherwise take two changes in one
+            # batch, and 8 -> 0 -> 8 GPUs publishes nothing.
+            acked(agents[kind], turn + 1)
             time.sleep(args.interval)
-            for agent in agents.values():
-                while agent.poll(0):
-                    agent.recv()
         ctl_cpu, wall = cpu_seconds(proc.pid) - ctl_cpu, time.monotonic() - wall
         subs_used = sum(cpu_seconds(p.pid) - subs_cpu[p.pid] for p in procs)
         if spy is not None:
