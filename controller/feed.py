@@ -146,6 +146,10 @@ class FeedHub:
     #: (a renewal of the same prefixes changes nothing): a publication to thousands of
     #: subscribers does not ask each of them again.
     _peers: dict[str, list[bytes]] = field(default_factory=dict)
+    #: Per topic, the publications handed to its kept peers and not yet counted into
+    #: each subscriber's ``sent`` (a fan-out counts once, not once per subscriber;
+    #: :meth:`settle` counts them, before the kept peers are forgotten).
+    _handed: dict[str, int] = field(default_factory=dict)
 
     def configure(self, budgets: Budgets) -> None:
         """A reload's budgets apply to every tenant at once, not only to tenants first
@@ -196,7 +200,7 @@ class FeedHub:
         if old is not None:
             self._release(old)
         if old is None or old.prefixes != tuple(accepted):
-            self._peers.clear()
+            self._forget_peers()
         if accepted:
             self._held[tenant] = self._held.get(tenant, 0) + len(accepted)
             sub = self.subscribers[peer] = Subscriber(
@@ -244,17 +248,46 @@ class FeedHub:
         found = self._peers.get(topic)
         if found is None:
             if len(self._peers) >= 4096:  # topics come and go (jobs): keep it bounded
-                self._peers.clear()
+                self._forget_peers()
             found = self._peers[topic] = [s.peer for s in self.subscribers.values()
                                           if s.wants(topic)]
         return found
+
+    def hand(self, topic: str) -> list[bytes]:
+        """The peers a publication on ``topic`` goes to now, counted as sent to each of
+        them (a peer found full is counted back with :meth:`missed`)."""
+        found = self.peers(topic)
+        if found:
+            self._handed[topic] = self._handed.get(topic, 0) + 1
+        return found
+
+    def missed(self, peer: bytes) -> None:
+        """A handed publication did not fit the peer's queue: dropped, not sent."""
+        sub = self.subscribers.get(peer)
+        if sub is not None:
+            sub.sent -= 1
+            sub.dropped += 1
+
+    def settle(self) -> None:
+        """Count the handed publications into each subscriber's ``sent``."""
+        handed, self._handed = self._handed, {}
+        subscribers = self.subscribers
+        for topic, count in handed.items():
+            for peer in self._peers.get(topic, ()):
+                sub = subscribers.get(peer)
+                if sub is not None:
+                    sub.sent += count
+
+    def _forget_peers(self) -> None:
+        self.settle()
+        self._peers.clear()
 
     def expire(self, now: float) -> list[Subscriber]:
         gone = [s for s in self.subscribers.values() if s.renew_by < now]
         for sub in gone:
             del self.subscribers[sub.peer]
             self._release(sub)
-            self._peers.clear()
+            self._forget_peers()
         self.earliest = min((s.renew_by for s in self.subscribers.values()), default=math.inf)
         return gone
 
@@ -263,4 +296,4 @@ class FeedHub:
             sub = self.subscribers.pop(peer, None)
             if sub is not None:
                 self._release(sub)
-                self._peers.clear()
+                self._forget_peers()

@@ -43,7 +43,7 @@ from controller.gateway.negotiations import NegotiationRoutes
 from controller.gateway.sessions import Sessions
 from controller.gateway.shell import PEER, GatewayStats, Refused, Shell
 from controller.gateway.streaming import FeedStreams, Stream
-from controller.outputs import BadFrame, Delivery, SendToTenant, TenantPeer
+from controller.outputs import BadFrame, Delivery, FanOut, SendToTenant, TenantPeer
 from harmonaize import spec
 from harmonaize.config import split_address
 from harmonaize.logs import one_line
@@ -169,6 +169,25 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
             stream.ending = "behind"
             return Delivery.FULL
         return Delivery.SENT
+
+    def deliver_all(self, out: FanOut, peers: list[bytes], *, full: list[bytes],
+                    gone: list[bytes]) -> None:
+        """A publication for ``peers``, our streams among its subscribers, queued for
+        their writers in one loop; the streams it did not reach go to ``full``, ``gone``."""
+        if out.offset <= 0:
+            return  # sent again (republication): a stream has it already
+        streams = self.streams
+        send = SendToTenant(b"", out.topic, out.frame, out.offset)  # all a writer reads
+        for peer in peers:
+            stream = streams.get(peer)
+            if stream is None:
+                gone.append(peer)
+                continue
+            try:
+                stream.queue.put_nowait(send)
+            except asyncio.QueueFull:
+                stream.ending = "behind"  # the stream ends, the client resumes
+                full.append(peer)
 
     def answer(self, peer: bytes, message: Message) -> Delivery:
         if peer not in self._answers:
