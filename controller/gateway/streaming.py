@@ -16,7 +16,7 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -47,7 +47,9 @@ class Stream:
     peer: bytes
     tenant: str
     prefixes: tuple[str, ...]
-    queue: asyncio.Queue[SendToTenant]
+    #: What the hub handed it and its writer has not written yet (at most the gateway's
+    #: ``hwm``).
+    pending: list[SendToTenant] = field(default_factory=list)
     #: The token it was opened with (its id), if any: revoking the token ends it.
     token: str | None = None
     #: The browser session it was opened with, if any: ending the session ends it.
@@ -70,9 +72,13 @@ class FeedStreams:
     #: Each publication's CloudEvent, written once for all the streams it goes to.
     written: events.EventCache
     _numbers: itertools.count[int]
+    _tick: asyncio.Event
+    _ticker: asyncio.Task[None] | None
 
     if TYPE_CHECKING:  # in controller/gateway/http.py
         def _admitted(self, request: web.Request, *, session: bool = False) -> str: ...
+
+        def _wake(self) -> None: ...
 
     async def _feed(self, request: web.Request) -> web.StreamResponse:
         tenant = self._admitted(request, session=True)
@@ -107,8 +113,10 @@ class FeedStreams:
             first = reply.refused[0]
             raise Refused(ErrorCode(first.code), first.reason,
                           refused=[to_plain(r) for r in reply.refused])
-        stream = Stream(peer, tenant, reply.accepted, asyncio.Queue(self.hwm),
-                        request.get("token"), request.get("session"))
+        stream = Stream(peer, tenant, reply.accepted, token=request.get("token"),
+                        session=request.get("session"))
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._keep_alive())
         self.streams[peer] = stream
         self.open_per_tenant[tenant] = mine + 1
         self.stats.streams += 1
@@ -197,31 +205,28 @@ class FeedStreams:
 
     async def _live(self, response: web.StreamResponse, stream: Stream,
                     cursor: Cursor) -> None:
-        """What the hub hands the stream, written as it comes: all that is queued at once
-        in one write (a publication reaches thousands of streams in one pass of the loop,
-        each stream's writer then wakes once for what it has)."""
-        queue, source = stream.queue, self.cfg.source
+        """What the hub hands the stream, written as it comes: all that is pending at once
+        in one write. A publication reaches thousands of streams in one pass of the loop
+        and wakes their writers with one event, not one each; a writer with nothing to
+        write sends a keep-alive once its stream was quiet for ``keepalive``."""
+        pending, source, keepalive = stream.pending, self.cfg.source, self.cfg.keepalive
+        written = time.monotonic()
         while True:
-            if queue.empty():
-                try:
-                    async with asyncio.timeout(self.cfg.keepalive):
-                        first = await queue.get()
-                except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
+            if not pending and stream.ending is None:
+                await self._tick.wait()
+                if not pending and stream.ending is None:
+                    if time.monotonic() - written >= keepalive:
+                        await response.write(b": keep-alive\n\n")
+                        written = time.monotonic()
                     continue
-            else:
-                first = queue.get_nowait()
             if stream.ending in ("revoked", "closing", "logged out"):
                 log.info("ended a stream of tenant %r: %s", stream.tenant, stream.ending)
                 return
-            batch = [first]
-            while not queue.empty():  # at most a queue's length (the feed's send_hwm)
-                batch.append(queue.get_nowait())
+            batch = pending[:]  # at most the gateway's hwm
+            pending.clear()
             epoch = self.shell.core.feed.epoch
             chunks = []
             for send in batch:
-                if send.offset <= 0:
-                    continue  # a republication, or the wake-up of an ending stream
                 name = stream_of(send.topic)
                 if send.offset > cursor.at(name):
                     cursor = cursor.moved(name, send.offset)
@@ -229,9 +234,17 @@ class FeedStreams:
                                                               epoch), cursor))
             if chunks:
                 await response.write(b"".join(chunks))
+                written = time.monotonic()
                 self.stats.events += len(chunks)
-            if stream.ending == "behind" and queue.empty():
+            if stream.ending == "behind" and not pending:
                 self.stats.overflowed += 1
                 log.warning("closed a stream of tenant %r that fell %d messages behind; it "
                             "resumes from its cursor", stream.tenant, self.hwm)
                 return
+
+    async def _keep_alive(self) -> None:
+        """While streams are open: wake their writers every half ``keepalive``, so each
+        quiet one sends its keep-alive (one timer for all, not one per wait)."""
+        while self.streams:
+            await asyncio.sleep(self.cfg.keepalive / 2)
+            self._wake()
