@@ -59,6 +59,7 @@ from controller.outputs import (
     AnswerTenant,
     Commit,
     Delivery,
+    FanOut,
     Output,
     Prune,
     Replay,
@@ -364,13 +365,15 @@ class ControllerServer(OperatorCommands):
             if isinstance(out, Prune):
                 writer.prune(out, now)
                 continue
-            if unstored_before or (writer.paused and isinstance(out, SendToAgent
+            if unstored_before or (writer.paused and isinstance(out, SendToAgent | FanOut
                                                                  | SendToTenant)):
                 # Answers to tenants' requests (reads, "try later") and replays of the
                 # stored feed still go out; acknowledgements and publications wait.
                 writer.hold(out)
                 continue
-            if isinstance(out, SendToAgent):
+            if isinstance(out, FanOut):
+                self._fan_out(out)
+            elif isinstance(out, SendToAgent):
                 self._send(out.conn, out.message)
             elif isinstance(out, SendToTenant):
                 if gateway is not None and gateway.ours(out.peer):
@@ -403,6 +406,34 @@ class ControllerServer(OperatorCommands):
         assert self.router is not None
         # Failure is fine: a gone peer resyncs, a full one resends what is unacknowledged.
         sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
+
+    def _fan_out(self, out: FanOut) -> None:
+        """One publication to all its subscribers in one loop: the core counted it sent
+        to each; only the peers found full or gone are reported."""
+        full: list[bytes] = []
+        gone: list[bytes] = []
+        streams: list[bytes] = []
+        topic, frame = out.topic.encode(), out.frame
+        send = self.tenants.send_multipart if self.tenants is not None else None
+        zmq_peer, noblock = ZMQ_PEER[0], zmq.NOBLOCK
+        for peer in out.peers:
+            if peer[0] != zmq_peer:
+                streams.append(peer)  # the gateway's, or a gone gateway's
+            elif send is None:
+                gone.append(peer)
+            elif (exc := sent(send([peer[1:], topic, frame], flags=noblock))) is not None:
+                if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+                    gone.append(peer)
+                else:
+                    full.append(peer)
+        if streams:
+            gateway = self.gateway
+            if gateway is None:
+                gone += streams
+            else:
+                gateway.deliver_all(out, streams, full=full, gone=gone)
+        if full or gone:
+            self.core.fanned(full, gone)
 
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
         """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
