@@ -24,7 +24,10 @@ an agreement timeout or resend, a subscription's renewal, republication,
 pruning), or until new input may have moved it.
 
 The operator's commands and reload are controller/operatorcommands.py's; decoding frames and
-binding sockets controller/sockets.py's.
+binding sockets controller/sockets.py's; sending to tenants controller/tenantsends.py's.
+
+Longer than 400 lines: the three loops and the execution of every output in one place,
+so that what is stored before what is sent can be read in one module.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ from controller.sockets import (
     sent,
 )
 from controller.store import Store, StoreError
+from controller.tenantsends import fan_out, to_tenant
 from controller.writeback import Writer
 from harmonaize import keys
 from harmonaize.exhaustion import AcceptExhaustion
@@ -408,41 +412,10 @@ class ControllerServer(OperatorCommands):
         sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
 
     def _fan_out(self, out: FanOut) -> None:
-        """One publication to all its subscribers in one loop: the core counted it sent
-        to each; only the peers found full or gone are reported."""
-        full: list[bytes] = []
-        gone: list[bytes] = []
-        streams: list[bytes] = []
-        topic, frame = out.topic.encode(), out.frame
-        send = self.tenants.send_multipart if self.tenants is not None else None
-        zmq_peer, noblock = ZMQ_PEER[0], zmq.NOBLOCK
-        for peer in out.peers:
-            if peer[0] != zmq_peer:
-                streams.append(peer)  # the gateway's, or a gone gateway's
-            elif send is None:
-                gone.append(peer)
-            elif (exc := sent(send([peer[1:], topic, frame], flags=noblock))) is not None:
-                if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
-                    gone.append(peer)
-                else:
-                    full.append(peer)
-        if streams:
-            gateway = self.gateway
-            if gateway is None:
-                gone += streams
-            else:
-                gateway.deliver_all(out, streams, full=full, gone=gone)
+        full, gone = fan_out(self.tenants, self.gateway, out)
         if full or gone:
             self.core.fanned(full, gone)
 
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
-        """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
         assert self.tenants is not None
-        if not peer.startswith(ZMQ_PEER):
-            return Delivery.GONE  # a gateway's peer after the gateway closed
-        exc = sent(self.tenants.send_multipart([peer[1:], topic, frame], flags=zmq.NOBLOCK))
-        if exc is None:
-            return Delivery.SENT
-        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
-            return Delivery.GONE
-        return Delivery.FULL
+        return to_tenant(self.tenants, peer, topic, frame)
