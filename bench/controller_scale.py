@@ -2,7 +2,7 @@
 
 The controller runs pinned to CPU 0 (its ZeroMQ I/O thread too, so CurveZMQ
 decryption counts); simulated agents run in generator processes pinned to
-the other CPUs (bench/scale_load.py: cheap frame producers, pre-encoded frames,
+the other CPUs (bench/load/agents.py: cheap frame producers, pre-encoded frames,
 handshakes done before the clock starts, one timer per process). Each simulated
 agent is one DEALER connection with its own CurveZMQ key, speaking the real
 protocol: a hello, a heartbeat every second (``--rate``), its host summary
@@ -54,7 +54,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, free_port, percentile, scratch, wait_until
-from bench.scale_load import BEHIND, Share, generate
+from bench.load.agents import BEHIND, Share, generate
 from harmonaize import keys
 from harmonaize.opsocket import request
 from testbed.natscluster import nats_server

@@ -43,7 +43,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from controller.agreement import Agreement
@@ -210,6 +210,10 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPa
                  self._next_prune, self.redactor.next_due(), self._job_health_due(),
                  self.agreement.next_deadline(self._stepped_at), self.negotiation_deadline())
         return min((t for t in times if t is not None), default=None)
+
+    def fanned(self, full: Iterable[bytes], gone: Iterable[bytes]) -> None:
+        """How a fan-out went: the peers found full (dropped) and gone (dropped)."""
+        self.feed.fanned(full, gone)
 
     def delivered(self, send: SendToTenant | AnswerTenant, outcome: Delivery) -> None:
         """How sending to a tenant went (counted per subscriber; a gone one is dropped)."""

@@ -17,6 +17,7 @@ table stays bounded by live tenants, whatever they do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -78,7 +79,7 @@ class Subscriber:
     refused: int = 0
 
     def wants(self, topic: str) -> bool:
-        return any(topic.startswith(p) for p in self.prefixes)
+        return topic.startswith(self.prefixes)
 
 
 @dataclass
@@ -134,6 +135,21 @@ class FeedHub:
     #: Per tenant (one entry per key on file, so bounded): its requests and replays.
     _requests: dict[str, TokenBucket] = field(default_factory=dict)
     _replays: dict[str, TokenBucket] = field(default_factory=dict)
+    #: Per tenant: the prefixes its subscribers hold, so that a subscription's check of
+    #: the tenant's limit does not look at every other subscriber (thousands of them).
+    _held: dict[str, int] = field(default_factory=dict)
+    #: No subscription lapses before this (a bound, exact after each :meth:`expire`):
+    #: renewals only move lapses later, so the loop need not look at every subscriber
+    #: after every batch to know when to look again.
+    earliest: float = math.inf
+    #: Per topic, the peers subscribed to it, kept until who subscribes to what changes
+    #: (a renewal of the same prefixes changes nothing): a publication to thousands of
+    #: subscribers does not ask each of them again.
+    _peers: dict[str, list[bytes]] = field(default_factory=dict)
+    #: Per topic, the publications handed to its kept peers and not yet counted into
+    #: each subscriber's ``sent`` (a fan-out counts once, not once per subscriber;
+    #: :meth:`settle` counts them, before the kept peers are forgotten).
+    _handed: dict[str, int] = field(default_factory=dict)
 
     def configure(self, budgets: Budgets) -> None:
         """A reload's budgets apply to every tenant at once, not only to tenants first
@@ -181,11 +197,17 @@ class FeedHub:
                 refused.append(Refusal(prefix, why[1], why[0].value))
         self.refused += len(refused)
         old = self.subscribers.get(peer)
+        if old is not None:
+            self._release(old)
+        if old is None or old.prefixes != tuple(accepted):
+            self._forget_peers()
         if accepted:
+            self._held[tenant] = self._held.get(tenant, 0) + len(accepted)
             sub = self.subscribers[peer] = Subscriber(
                 peer, tenant, tuple(accepted), old.since if old else now, now + self.renew,
                 old.sent if old else 0, old.dropped if old else 0,
                 (old.refused if old else 0) + len(refused))
+            self.earliest = min(self.earliest, sub.renew_by)
         elif old is not None:
             del self.subscribers[peer]
             sub = None
@@ -206,18 +228,72 @@ class FeedHub:
                             set(accepted) - set(old.prefixes) else [])
 
     def _count(self, tenant: str, peer: bytes) -> int:
-        return sum(len(s.prefixes) for p, s in self.subscribers.items()
-                   if s.tenant == tenant and p != peer)
+        """Prefixes the tenant's other subscribers hold."""
+        old = self.subscribers.get(peer)
+        mine = len(old.prefixes) if old is not None and old.tenant == tenant else 0
+        return self._held.get(tenant, 0) - mine
+
+    def _release(self, sub: Subscriber) -> None:
+        left = self._held.get(sub.tenant, 0) - len(sub.prefixes)
+        if left > 0:
+            self._held[sub.tenant] = left
+        else:
+            self._held.pop(sub.tenant, None)
 
     def targets(self, topic: str) -> list[Subscriber]:
         return [s for s in self.subscribers.values() if s.wants(topic)]
+
+    def peers(self, topic: str) -> list[bytes]:
+        """The peers subscribed to ``topic`` (the list is shared: read it, never change it)."""
+        found = self._peers.get(topic)
+        if found is None:
+            if len(self._peers) >= 4096:  # topics come and go (jobs): keep it bounded
+                self._forget_peers()
+            found = self._peers[topic] = [s.peer for s in self.subscribers.values()
+                                          if s.wants(topic)]
+        return found
+
+    def hand(self, topic: str) -> list[bytes]:
+        """The peers a publication on ``topic`` goes to now, counted as sent to each of
+        them (a peer found full is counted back with :meth:`missed`)."""
+        found = self.peers(topic)
+        if found:
+            self._handed[topic] = self._handed.get(topic, 0) + 1
+        return found
+
+    def missed(self, peer: bytes) -> None:
+        """A handed publication did not fit the peer's queue: dropped, not sent."""
+        sub = self.subscribers.get(peer)
+        if sub is not None:
+            sub.sent -= 1
+            sub.dropped += 1
+
+    def settle(self) -> None:
+        """Count the handed publications into each subscriber's ``sent``."""
+        handed, self._handed = self._handed, {}
+        subscribers = self.subscribers
+        for topic, count in handed.items():
+            for peer in self._peers.get(topic, ()):
+                sub = subscribers.get(peer)
+                if sub is not None:
+                    sub.sent += count
+
+    def _forget_peers(self) -> None:
+        self.settle()
+        self._peers.clear()
 
     def expire(self, now: float) -> list[Subscriber]:
         gone = [s for s in self.subscribers.values() if s.renew_by < now]
         for sub in gone:
             del self.subscribers[sub.peer]
+            self._release(sub)
+            self._forget_peers()
+        self.earliest = min((s.renew_by for s in self.subscribers.values()), default=math.inf)
         return gone
 
     def drop(self, peers: Iterable[bytes]) -> None:
         for peer in peers:
-            self.subscribers.pop(peer, None)
+            sub = self.subscribers.pop(peer, None)
+            if sub is not None:
+                self._release(sub)
+                self._forget_peers()

@@ -11,7 +11,7 @@ comes after the ``Commit`` holding that state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -162,6 +162,34 @@ class SendToTenant:
 
 
 @dataclass(frozen=True)
+class FanOut:
+    """One publication for every subscriber of ``topic`` (``peers``: the hub's list, read
+    only), already counted as sent to each: the shell sends it in one loop and reports
+    only the peers it found full or gone, with :meth:`ControllerCore.fanned`."""
+
+    peers: Sequence[bytes]
+    topic: str
+    frame: bytes
+    #: As :attr:`SendToTenant.offset`.
+    offset: int = 0
+
+    def sends(self) -> list[SendToTenant]:
+        return [SendToTenant(peer, self.topic, self.frame, self.offset) for peer in self.peers]
+
+
+def tenant_sends(outputs: Iterable[object]) -> list[SendToTenant]:
+    """Each publication the outputs send, one per subscriber, in order (a fan-out's
+    for each of its peers)."""
+    found: list[SendToTenant] = []
+    for out in outputs:
+        if isinstance(out, SendToTenant):
+            found.append(out)
+        elif isinstance(out, FanOut):
+            found += out.sends()
+    return found
+
+
+@dataclass(frozen=True)
 class AnswerTenant:
     """An answer to a tenant's request (unnumbered, on no topic); reported like a
     :class:`SendToTenant`."""
@@ -189,7 +217,7 @@ class Prune:
     retention: int
 
 
-Output = Commit | SendToAgent | SendToTenant | AnswerTenant | Replay | Prune
+Output = Commit | SendToAgent | SendToTenant | FanOut | AnswerTenant | Replay | Prune
 
 
 class Delivery(Enum):

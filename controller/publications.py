@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from controller.feed import Budgets, FeedHub, may_see, stream_of, streams_of
 from controller.outputs import (
     AnswerTenant,
     Delivery,
+    FanOut,
     FeedEntry,
     Output,
     Replay,
@@ -75,8 +77,8 @@ class Publications:
 
     # --- publication ---------------------------------------------------------------------
 
-    def publish(self, body: Message, topic: str, wall: float) -> list[SendToTenant]:
-        """Number, encode and stage one publication; its sends, for after the commit."""
+    def publish(self, body: Message, topic: str, wall: float) -> list[FanOut]:
+        """Number, encode and stage one publication; its send, for after the commit."""
         seq = self.seqs[topic] = self.seqs.get(topic, 0) + 1
         self._dirty[topic] = seq
         stream = stream_of(topic)
@@ -88,13 +90,16 @@ class Publications:
             self.latest[topic] = (seq, frame, offset)
         self._log.append(FeedEntry(topic, seq, condition, frame, stream, offset))
         self.stats["published"] += 1
-        return [SendToTenant(sub.peer, topic, frame, offset)
-                for sub in self.hub.targets(topic)]
+        return self._fan_out(topic, frame, offset)
 
-    def accept(self, entries: list[FeedEntry]) -> list[SendToTenant]:
+    def _fan_out(self, topic: str, frame: bytes, offset: int) -> list[FanOut]:
+        peers = self.hub.hand(topic)
+        return [FanOut(peers, topic, frame, offset)] if peers else []
+
+    def accept(self, entries: list[FeedEntry]) -> list[FanOut]:
         """Publications numbered elsewhere (a cluster's leader): kept as numbered, each
         once (one already had is skipped), and sent to this replica's subscribers."""
-        sends: list[SendToTenant] = []
+        sends: list[FanOut] = []
         for entry in entries:
             if entry.seq <= self.seqs.get(entry.topic, 0):
                 continue  # had it (a leader that took over published it again)
@@ -105,15 +110,13 @@ class Publications:
                 self.latest[entry.topic] = (entry.seq, entry.frame, entry.offset)
             self._log.append(entry)
             self.stats["published"] += 1
-            sends += [SendToTenant(sub.peer, entry.topic, entry.frame, entry.offset)
-                      for sub in self.hub.targets(entry.topic)]
+            sends += self._fan_out(entry.topic, entry.frame, entry.offset)
         return sends
 
-    def republish(self) -> list[SendToTenant]:
+    def republish(self) -> list[FanOut]:
         """Every condition again as it was (same sequence number)."""
-        return [SendToTenant(sub.peer, topic, frame)
-                for topic, (_, frame, _) in self.latest.items()
-                for sub in self.hub.targets(topic)]
+        return [send for topic, (_, frame, _) in self.latest.items()
+                for send in self._fan_out(topic, frame, 0)]
 
     def heads(self, tenant: str) -> tuple[int, int]:
         """The newest offsets of the two streams the tenant may see (pool, its jobs)."""
@@ -224,8 +227,23 @@ class Publications:
             log.info("tenant %r's subscription lapsed (not renewed)", sub.tenant)
 
     def next_expiry(self) -> float | None:
-        """When the first subscription lapses unless renewed."""
-        return min((s.renew_by for s in self.hub.subscribers.values()), default=None)
+        """When the first subscription may lapse unless renewed (no later than it does)."""
+        earliest = self.hub.earliest
+        return None if math.isinf(earliest) else earliest
+
+    def fanned(self, full: Iterable[bytes], gone: Iterable[bytes]) -> None:
+        """How a :class:`FanOut` went: only the peers it did not reach are named (the
+        others were counted when it was made)."""
+        hub = self.hub
+        for peer in full:
+            if peer in hub.subscribers:
+                hub.missed(peer)
+                self.stats["dropped"] += 1
+        gone = list(gone)
+        if gone:
+            found = [peer for peer in gone if peer in hub.subscribers]
+            self.stats["gone"] += len(found)
+            hub.drop(found)  # disconnected: it renews when it comes back
 
     def delivered(self, send: SendToTenant | AnswerTenant, outcome: Delivery) -> None:
         sub = self.hub.subscribers.get(send.peer)

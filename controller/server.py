@@ -24,7 +24,10 @@ an agreement timeout or resend, a subscription's renewal, republication,
 pruning), or until new input may have moved it.
 
 The operator's commands and reload are controller/operatorcommands.py's; decoding frames and
-binding sockets controller/sockets.py's.
+binding sockets controller/sockets.py's; sending to tenants controller/tenantsends.py's.
+
+Longer than 400 lines: the three loops and the execution of every output in one place,
+so that what is stored before what is sent can be read in one module.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from controller.outputs import (
     AnswerTenant,
     Commit,
     Delivery,
+    FanOut,
     Output,
     Prune,
     Replay,
@@ -78,6 +82,7 @@ from controller.sockets import (
     sent,
 )
 from controller.store import Store, StoreError
+from controller.tenantsends import fan_out, to_tenant
 from controller.writeback import Writer
 from harmonaize import keys
 from harmonaize.exhaustion import AcceptExhaustion
@@ -364,13 +369,15 @@ class ControllerServer(OperatorCommands):
             if isinstance(out, Prune):
                 writer.prune(out, now)
                 continue
-            if unstored_before or (writer.paused and isinstance(out, SendToAgent
+            if unstored_before or (writer.paused and isinstance(out, SendToAgent | FanOut
                                                                  | SendToTenant)):
                 # Answers to tenants' requests (reads, "try later") and replays of the
                 # stored feed still go out; acknowledgements and publications wait.
                 writer.hold(out)
                 continue
-            if isinstance(out, SendToAgent):
+            if isinstance(out, FanOut):
+                self._fan_out(out)
+            elif isinstance(out, SendToAgent):
                 self._send(out.conn, out.message)
             elif isinstance(out, SendToTenant):
                 if gateway is not None and gateway.ours(out.peer):
@@ -404,14 +411,11 @@ class ControllerServer(OperatorCommands):
         # Failure is fine: a gone peer resyncs, a full one resends what is unacknowledged.
         sent(self.router.send_multipart([conn, encode(body, sender=SENDER)], flags=zmq.NOBLOCK))
 
+    def _fan_out(self, out: FanOut) -> None:
+        full, gone = fan_out(self.tenants, self.gateway, out)
+        if full or gone:
+            self.core.fanned(full, gone)
+
     def _to_tenant(self, peer: bytes, topic: bytes, frame: bytes) -> Delivery:
-        """Send without ever blocking: a full queue or a gone peer is reported, not waited on."""
         assert self.tenants is not None
-        if not peer.startswith(ZMQ_PEER):
-            return Delivery.GONE  # a gateway's peer after the gateway closed
-        exc = sent(self.tenants.send_multipart([peer[1:], topic, frame], flags=zmq.NOBLOCK))
-        if exc is None:
-            return Delivery.SENT
-        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
-            return Delivery.GONE
-        return Delivery.FULL
+        return to_tenant(self.tenants, peer, topic, frame)

@@ -115,6 +115,7 @@ def jobs(core: ControllerCore, now: float) -> list[dict[str, Any]]:
 
 
 def feed(core: ControllerCore, now: float) -> list[dict[str, Any]]:
+    core.feed.hub.settle()  # each subscriber's sent, counted per publication till now
     subscribers = core.feed.hub.subscribers.values()
     return [{
         "tenant": sub.tenant, "peer": sub.peer.hex(), "topics": list(sub.prefixes),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,7 +77,9 @@ class Cursor:
         return self.pool if stream == "pool" else self.job
 
     def moved(self, stream: str, offset: int) -> Cursor:
-        return replace(self, pool=offset) if stream == "pool" else replace(self, job=offset)
+        # Made directly (not dataclasses.replace): once per event per stream.
+        return Cursor(self.epoch, offset, self.job) if stream == "pool" else \
+            Cursor(self.epoch, self.pool, offset)
 
 
 def cloudevent(frame: bytes, topic: str, source: str, epoch: int) -> bytes:
@@ -86,6 +88,33 @@ def cloudevent(frame: bytes, topic: str, source: str, epoch: int) -> bytes:
     category = messages.kinds()[kind].CATEGORY.value
     return event(kind, body, source, event_id=f"{epoch}:{topic}:{seq}", subject=topic,
                  time=stamp, seq=seq, category=category)
+
+
+class EventCache:
+    """The CloudEvent of each recent publication, written once for every stream it goes
+    to. Its key is everything the event is made of (the frame as stored, its topic, the
+    source and the epoch), so a stream is given exactly the bytes :func:`cloudevent`
+    would write for it: what one tenant's stream gets is never anything but its own
+    frame's event. The newest ``size`` are kept (a publication reaches its streams
+    within one pass of the loop; a republication or resume that misses writes anew)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._events: dict[tuple[bytes, str, str, int], bytes] = {}
+        self.hits = 0
+
+    def get(self, frame: bytes, topic: str, source: str, epoch: int) -> bytes:
+        key = (frame, topic, source, epoch)
+        written = self._events.get(key)
+        if written is None:
+            written = self._events[key] = cloudevent(frame, topic, source, epoch)
+            if len(self._events) > self.size:
+                del self._events[next(iter(self._events))]  # the oldest (insertion order)
+        else:
+            self.hits += 1
+            if messages.auditing():  # audited as every send is, cached or not
+                messages.audit("cloudevent", "gateway", json.loads(written))
+        return written
 
 
 def event(kind: str, data: Any, source: str, *, event_id: str, time: float,

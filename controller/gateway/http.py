@@ -19,7 +19,6 @@ Peers: the shell names ZeroMQ connections ``b"z" + routing id`` and the gateway'
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -43,7 +42,7 @@ from controller.gateway.negotiations import NegotiationRoutes
 from controller.gateway.sessions import Sessions
 from controller.gateway.shell import PEER, GatewayStats, Refused, Shell
 from controller.gateway.streaming import FeedStreams, Stream
-from controller.outputs import BadFrame, Delivery, SendToTenant, TenantPeer
+from controller.outputs import BadFrame, Delivery, FanOut, SendToTenant, TenantPeer
 from harmonaize import spec
 from harmonaize.config import split_address
 from harmonaize.logs import one_line
@@ -74,6 +73,8 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
         self.hwm = hwm
         self.tokens = shell.tokens
         self.streams: dict[bytes, Stream] = {}
+        self.open_per_tenant: dict[str, int] = {}
+        self.written = events.EventCache()
         self.stats = GatewayStats()
         self._numbers = itertools.count(1)
         self._answers: dict[bytes, Reply | Subscribed | None] = {}
@@ -83,6 +84,10 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
         self.connections = ConnectionGuard(cfg)
         self.sessions = Sessions(cfg.session_lifetime, cfg.sessions_per_tenant)
         self._spec: bytes | None = None
+        #: Set once there is news for the streams' writers (then replaced): one wake
+        #: for a publication to all its streams, not one per stream.
+        self._tick = asyncio.Event()
+        self._ticker: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -144,6 +149,8 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
     async def close(self) -> None:
         for stream in self.streams.values():
             self._end(stream, "closing")
+        if self._ticker is not None:
+            self._ticker.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -160,13 +167,37 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
             return Delivery.GONE
         if send.offset <= 0:
             return Delivery.SENT  # sent again (republication): a stream has it already
-        try:
-            stream.queue.put_nowait(send)
-        except asyncio.QueueFull:
+        if len(stream.pending) >= self.hwm:
             # Too far behind: the stream ends, the client resumes from its cursor.
             stream.ending = "behind"
             return Delivery.FULL
+        stream.pending.append(send)
+        self._wake()
         return Delivery.SENT
+
+    def deliver_all(self, out: FanOut, peers: list[bytes], *, full: list[bytes],
+                    gone: list[bytes]) -> None:
+        """A publication for ``peers``, our streams among its subscribers, queued for
+        their writers in one loop; the streams it did not reach go to ``full``, ``gone``."""
+        if out.offset <= 0:
+            return  # sent again (republication): a stream has it already
+        streams, hwm = self.streams, self.hwm
+        send = SendToTenant(b"", out.topic, out.frame, out.offset)  # all a writer reads
+        for peer in peers:
+            stream = streams.get(peer)
+            if stream is None:
+                gone.append(peer)
+            elif len(stream.pending) >= hwm:
+                stream.ending = "behind"  # the stream ends, the client resumes
+                full.append(peer)
+            else:
+                stream.pending.append(send)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every waiting writer at once; each looks at its own queue."""
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
 
     def answer(self, peer: bytes, message: Message) -> Delivery:
         if peer not in self._answers:
@@ -181,11 +212,9 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
             self._end(stream, "revoked")
         return len(ended)
 
-    @staticmethod
-    def _end(stream: Stream, why: str) -> None:
+    def _end(self, stream: Stream, why: str) -> None:
         stream.ending = why
-        with contextlib.suppress(asyncio.QueueFull):  # wake its writer (a full queue will)
-            stream.queue.put_nowait(SendToTenant(stream.peer, "", b"", -1))
+        self._wake()
 
     def view(self) -> dict[str, Any]:
         return {"listen": self.cfg.listen, "streams": len(self.streams),

@@ -35,8 +35,7 @@ class TenantIdentity:
     streams: dict[bytes, Stream]
 
     if TYPE_CHECKING:  # in controller/gateway/http.py
-        @staticmethod
-        def _end(stream: Stream, why: str) -> None: ...
+        def _end(self, stream: Stream, why: str) -> None: ...
 
     def _identify(self, request: web.Request, *, session: bool = False) -> str:
         """The tenant a request comes from: a bearer token, a client certificate, or (for

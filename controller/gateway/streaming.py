@@ -16,7 +16,7 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -47,7 +47,9 @@ class Stream:
     peer: bytes
     tenant: str
     prefixes: tuple[str, ...]
-    queue: asyncio.Queue[SendToTenant]
+    #: What the hub handed it and its writer has not written yet (at most the gateway's
+    #: ``hwm``).
+    pending: list[SendToTenant] = field(default_factory=list)
     #: The token it was opened with (its id), if any: revoking the token ends it.
     token: str | None = None
     #: The browser session it was opened with, if any: ending the session ends it.
@@ -64,11 +66,19 @@ class FeedStreams:
     shell: Shell
     hwm: int
     streams: dict[bytes, Stream]
+    #: Streams open per tenant (its limit is checked at each open, among thousands).
+    open_per_tenant: dict[str, int]
     stats: GatewayStats
+    #: Each publication's CloudEvent, written once for all the streams it goes to.
+    written: events.EventCache
     _numbers: itertools.count[int]
+    _tick: asyncio.Event
+    _ticker: asyncio.Task[None] | None
 
     if TYPE_CHECKING:  # in controller/gateway/http.py
         def _admitted(self, request: web.Request, *, session: bool = False) -> str: ...
+
+        def _wake(self) -> None: ...
 
     async def _feed(self, request: web.Request) -> web.StreamResponse:
         tenant = self._admitted(request, session=True)
@@ -89,7 +99,7 @@ class FeedStreams:
             raise Refused(ErrorCode.INVALID, f"Last-Event-ID: {cursor} is beyond the "
                           f"present ({present}): resume from a cursor the feed gave, or "
                           "without one")
-        mine = sum(1 for s in self.streams.values() if s.tenant == tenant)
+        mine = self.open_per_tenant.get(tenant, 0)
         if len(self.streams) >= self.cfg.max_streams or mine >= self.cfg.streams_per_tenant:
             raise Refused(ErrorCode.TOO_MANY_SUBSCRIPTIONS, "too many streams open "
                           f"({self.cfg.streams_per_tenant} per tenant)")
@@ -103,9 +113,12 @@ class FeedStreams:
             first = reply.refused[0]
             raise Refused(ErrorCode(first.code), first.reason,
                           refused=[to_plain(r) for r in reply.refused])
-        stream = Stream(peer, tenant, reply.accepted, asyncio.Queue(self.hwm),
-                        request.get("token"), request.get("session"))
+        stream = Stream(peer, tenant, reply.accepted, token=request.get("token"),
+                        session=request.get("session"))
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._keep_alive())
         self.streams[peer] = stream
+        self.open_per_tenant[tenant] = mine + 1
         self.stats.streams += 1
         response = web.StreamResponse(headers={**SSE_HEADERS,
                                                "X-Request-Id": request["request_id"]})
@@ -128,7 +141,12 @@ class FeedStreams:
             pass
         finally:
             core.detach(peer)
-            self.streams.pop(peer, None)
+            if self.streams.pop(peer, None) is not None:
+                left = self.open_per_tenant[tenant] - 1
+                if left:
+                    self.open_per_tenant[tenant] = left
+                else:
+                    del self.open_per_tenant[tenant]
         return response
 
     async def _write(self, response: web.StreamResponse, event: bytes,
@@ -139,7 +157,7 @@ class FeedStreams:
     async def _send(self, response: web.StreamResponse, topic: str, frame: bytes,
                     cursor: Cursor) -> None:
         epoch = self.shell.core.feed.epoch
-        await self._write(response, events.cloudevent(frame, topic, self.cfg.source, epoch),
+        await self._write(response, self.written.get(frame, topic, self.cfg.source, epoch),
                           cursor)
 
     async def _present(self, response: web.StreamResponse, stream: Stream) -> Cursor:
@@ -187,22 +205,46 @@ class FeedStreams:
 
     async def _live(self, response: web.StreamResponse, stream: Stream,
                     cursor: Cursor) -> None:
+        """What the hub hands the stream, written as it comes: all that is pending at once
+        in one write. A publication reaches thousands of streams in one pass of the loop
+        and wakes their writers with one event, not one each; a writer with nothing to
+        write sends a keep-alive once its stream was quiet for ``keepalive``."""
+        pending, source, keepalive = stream.pending, self.cfg.source, self.cfg.keepalive
+        written = time.monotonic()
         while True:
-            try:
-                send = await asyncio.wait_for(stream.queue.get(), self.cfg.keepalive)
-            except TimeoutError:
-                await response.write(b": keep-alive\n\n")
-                continue
+            if not pending and stream.ending is None:
+                await self._tick.wait()
+                if not pending and stream.ending is None:
+                    if time.monotonic() - written >= keepalive:
+                        await response.write(b": keep-alive\n\n")
+                        written = time.monotonic()
+                    continue
             if stream.ending in ("revoked", "closing", "logged out"):
                 log.info("ended a stream of tenant %r: %s", stream.tenant, stream.ending)
                 return
-            if send.offset > 0:
+            batch = pending[:]  # at most the gateway's hwm
+            pending.clear()
+            epoch = self.shell.core.feed.epoch
+            chunks = []
+            for send in batch:
                 name = stream_of(send.topic)
                 if send.offset > cursor.at(name):
                     cursor = cursor.moved(name, send.offset)
-                    await self._send(response, send.topic, send.frame, cursor)
-            if stream.ending == "behind" and stream.queue.empty():
+                    chunks.append(events.sse(self.written.get(send.frame, send.topic, source,
+                                                              epoch), cursor))
+            if chunks:
+                await response.write(b"".join(chunks))
+                written = time.monotonic()
+                self.stats.events += len(chunks)
+            if stream.ending == "behind" and not pending:
                 self.stats.overflowed += 1
                 log.warning("closed a stream of tenant %r that fell %d messages behind; it "
                             "resumes from its cursor", stream.tenant, self.hwm)
                 return
+
+    async def _keep_alive(self) -> None:
+        """While streams are open: wake their writers every half ``keepalive``, so each
+        quiet one sends its keep-alive (one timer for all, not one per wait)."""
+        while self.streams:
+            await asyncio.sleep(self.cfg.keepalive / 2)
+            self._wake()

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from controller.core import ControllerCore
-from controller.outputs import AgentPeer, Commit, SendToTenant, TenantPeer
+from controller.outputs import AgentPeer, Commit, TenantPeer, tenant_sends
 from controller.store import Store
 from harmonaize import messages as m
 from harmonaize.messages import decode
@@ -168,7 +168,7 @@ def test_undeclared_pool_topic_kept_from_before_is_neither_republished_nor_given
     out = run(core.receive(TenantPeer(b"t1", "acme"), tenant_frame(m.Subscribe(("pool/",))),
                            1.0))
     out += run(core.tick(5000.0, WALL + 5000))  # republications and releases since
-    sent = [o for o in out if isinstance(o, SendToTenant)]
+    sent = tenant_sends(out)
     assert all(HOST_LIKE_POOL not in o.topic and HOST_LIKE_POOL.encode() not in o.frame
                for o in sent)
     assert evil not in core.feed.latest

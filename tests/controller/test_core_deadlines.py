@@ -7,7 +7,7 @@ import random
 import pytest
 
 from controller.core import ControllerCore
-from controller.outputs import AgentPeer, Output, SendToAgent, SendToTenant, TenantPeer
+from controller.outputs import AgentPeer, Output, SendToAgent, TenantPeer, tenant_sends
 from controller.types import Member, Placement
 from harmonaize import messages as m
 from harmonaize.messages import decode
@@ -64,8 +64,7 @@ def test_a_silent_host_is_counted_down_when_its_deadline_comes() -> None:
     assert core.tick(2.9, WALL) == []
     assert core.tick(3.0, WALL) == []  # at the limit, not past it
     assert core.next_deadline() == 3.25  # looked once: again a check interval later
-    health = [decode(o.frame).body for o in core.tick(3.25, WALL)
-              if isinstance(o, SendToTenant)]
+    health = [decode(o.frame).body for o in tenant_sends(core.tick(3.25, WALL))]
     assert [h.lost for h in health] == [("0",)]  # type: ignore[attr-defined]
     assert not core.cluster.hosts[HOST].alive
 

@@ -28,12 +28,14 @@ from controller.outputs import (
     BadFrame,
     Commit,
     Delivery,
+    FanOut,
     Output,
     Prune,
     Replay,
     SendToAgent,
     SendToTenant,
     TenantPeer,
+    tenant_sends,
 )
 from controller.store import Store
 from controller.types import Member, Placement
@@ -184,6 +186,9 @@ class Run:
             elif isinstance(out, SendToTenant):
                 self.tenant.got(out.topic, out.frame)
                 self.core.delivered(out, Delivery.SENT)
+            elif isinstance(out, FanOut):  # counted as sent when made
+                for send in out.sends():
+                    self.tenant.got(send.topic, send.frame)
             elif isinstance(out, AnswerTenant):
                 self.tenant.answers.append(out.message)
                 self.core.delivered(out, Delivery.SENT)
@@ -282,8 +287,8 @@ def test_a_frame_from_another_hosts_key_is_rejected_and_counted() -> None:
 
 
 def pool_sends(outputs: list[Output]) -> list[m.Message]:
-    return [decode(o.frame).body for o in outputs
-            if isinstance(o, SendToTenant) and o.topic.startswith("pool/")]
+    return [decode(o.frame).body for o in tenant_sends(outputs)
+            if o.topic.startswith("pool/")]
 
 
 def test_the_core_imports_no_socket_database_event_loop_or_clock() -> None:

@@ -4,7 +4,6 @@ their codes and request ids, tokens, sessions and client certificates."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from controller.config import GatewaySection
 from controller.gateway.http import Gateway
 from controller.gateway.streaming import Stream
 from controller.gateway.tokens import Tokens
-from controller.outputs import Delivery, SendToTenant
+from controller.outputs import Delivery, FanOut, SendToTenant
 from controller.store import Store
 from harmonaize import messages as m
 from harmonaize.schema import to_plain
@@ -335,11 +334,21 @@ def test_a_stream_too_far_behind_ends_after_what_it_queued(tmp_path: Path) -> No
         tokens = Tokens(store.db)
 
     gateway = Gateway(GatewaySection(listen="127.0.0.1:1"), Shell(), hwm=2)  # type: ignore[arg-type]
-    stream = Stream(b"hs1", "acme", ("pool/",), asyncio.Queue(2))
+    stream = Stream(b"hs1", "acme", ("pool/",))
     gateway.streams[stream.peer] = stream
     sends = [SendToTenant(b"hs1", "pool/p/H200", b"f", offset) for offset in (1, 2, 3)]
     assert [gateway.deliver(s) for s in sends] == [Delivery.SENT, Delivery.SENT, Delivery.FULL]
-    assert stream.ending == "behind" and stream.queue.qsize() == 2
+    assert stream.ending == "behind" and [s.offset for s in stream.pending] == [1, 2]
     assert gateway.deliver(SendToTenant(b"hs1", "pool/p/H200", b"f")) is Delivery.SENT  # again
     assert gateway.deliver(SendToTenant(b"hs9", "pool/p/H200", b"f", 4)) is Delivery.GONE
+    # A fan-out: queued for the streams with room, the others named full or gone.
+    other = Stream(b"hs2", "acme", ("pool/",))
+    gateway.streams[other.peer] = other
+    full: list[bytes] = []
+    gone: list[bytes] = []
+    gateway.deliver_all(FanOut([b"hs1", b"hs2", b"hs9"], "pool/p/H200", b"g", 5),
+                        [b"hs1", b"hs2", b"hs9"], full=full, gone=gone)
+    assert (full, gone) == ([b"hs1"], [b"hs9"])
+    assert [(s.frame, s.offset) for s in other.pending] == [(b"g", 5)]
+    assert [s.offset for s in stream.pending] == [1, 2]
     Shell.store.close()

@@ -14,7 +14,7 @@ from controller.bus import requests
 from controller.bus.ingest import HostLog, Verdict, judge
 from controller.bus.leader import peer_of
 from controller.core import ControllerCore
-from controller.outputs import AgentPeer, SendToTenant, TenantPeer
+from controller.outputs import AgentPeer, TenantPeer, tenant_sends
 from controller.replica import LEADER_COMMANDS
 from controller.store import Store
 from controller.types import Member, Placement
@@ -62,8 +62,8 @@ def test_the_leader_judges_reports_each_replica_stored_and_answers_job_findings(
         for env in envelopes:
             outputs += core.receive(AgentPeer(peer_of(host), host), env, 1.0)
     outputs += core.tick(1.0, WALL + 1.0)
-    told = [b for o in outputs if isinstance(o, SendToTenant)
-            and isinstance(b := decode(o.frame).body, m.JobProgress)]
+    told = [b for o in tenant_sends(outputs)
+            if isinstance(b := decode(o.frame).body, m.JobProgress)]
     assert [(t.ranks, t.cause, t.at_collective) for t in told] == [
         (("1",), Cause.PROCESS_EXITED, 19)]
     # Asked at any replica, answered by the leader from its core.

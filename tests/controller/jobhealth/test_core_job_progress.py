@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.core import ControllerCore
-from controller.outputs import AgentPeer, Output, SendToTenant, TenantPeer
+from controller.outputs import AgentPeer, Output, TenantPeer, tenant_sends
 from controller.types import Member, Placement
 from harmonaize import messages as m
 from harmonaize.messages import decode
@@ -54,8 +54,8 @@ class TwoHosts:
 
 def told(outputs: list[Output]) -> list[m.Message]:
     """What the job's owner was sent of its job's progress and XIDs."""
-    return [body for o in outputs if isinstance(o, SendToTenant)
-            and (body := decode(o.frame).body).KIND in ("job-progress", "application-xid")]
+    return [body for o in tenant_sends(outputs)
+            if (body := decode(o.frame).body).KIND in ("job-progress", "application-xid")]
 
 
 def test_a_rank_stopped_on_one_host_is_named_to_its_owner_and_withdrawn_when_it_moves(

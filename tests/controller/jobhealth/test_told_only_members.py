@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from controller.config import ControllerConfig
 from controller.core import ControllerCore
-from controller.outputs import AgentPeer, SendToTenant, TenantPeer
+from controller.outputs import AgentPeer, TenantPeer, tenant_sends
 from controller.types import Member, Placement
 from harmonaize import messages as m
 from harmonaize.messages import decode
@@ -70,9 +70,7 @@ def test_the_owner_is_told_only_members_placed_on_the_host_that_named_them(
                                                                   sender=host), now)
         told += core.tick(now, WALL + now)
     told += core.tick(now + 100.0, WALL + now + 100.0)
-    for out in told:
-        if not isinstance(out, SendToTenant):
-            continue
+    for out in tenant_sends(told):
         env = decode(out.frame)
         assert "h1" not in str(env.body) and "10.0.0.7" not in str(env.body)
         if isinstance(env.body, m.JobProgress | m.ApplicationXid):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -133,13 +134,8 @@ class Generator:
             if time.monotonic() > deadline:
                 raise SystemExit(f"controller-scale: {len(waiting)} hellos unanswered in 120 s")
             for sock, _ in poller.poll(1000):
-                while True:
-                    try:
-                        reply = decode(sock.recv(flags=zmq.NOBLOCK)).body
-                    except zmq.Again:
-                        break
-                    if isinstance(reply, m.Ack):
-                        waiting.discard(sock)  # type: ignore[arg-type]
+                if list(acks(sock)):  # read them all
+                    waiting.discard(sock)  # type: ignore[arg-type]
                 if sock not in waiting:
                     poller.unregister(sock)
 
@@ -216,15 +212,22 @@ class Generator:
         if self.share.index != 0:
             return
         for p, sock in enumerate(self.socks[:PROBES]):
-            while True:
-                try:
-                    reply = decode(sock.recv(flags=zmq.NOBLOCK)).body
-                except zmq.Again:
-                    break
-                if isinstance(reply, m.Ack):
-                    for key in [k for k in self.pending if k[0] == p and k[1] <= reply.seq]:
-                        sent = self.pending.pop(key)
-                        self.latencies.append((sent, (time.monotonic() - sent) * 1000))
+            for reply in acks(sock):
+                for key in [k for k in self.pending if k[0] == p and k[1] <= reply.seq]:
+                    sent = self.pending.pop(key)
+                    self.latencies.append((sent, (time.monotonic() - sent) * 1000))
+
+
+
+def acks(sock: zmq.Socket) -> Iterator[m.Ack]:
+    """The acknowledgements waiting on ``sock`` (every reply read, the others dropped)."""
+    while True:
+        try:
+            reply = decode(sock.recv(flags=zmq.NOBLOCK)).body
+        except zmq.Again:
+            return
+        if isinstance(reply, m.Ack):
+            yield reply
 
 
 def generate(share: Share, conn: Connection) -> None:

@@ -1,0 +1,1 @@
+"""Load generators the benchmarks share: simulated agents and subscribers."""
