@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from controller.bus import leader as leading
 from controller.bus.leader import Leader
 from controller.bus.nats import STATE, Bus
 from controller.bus.snapshots import fetch_newest
@@ -225,6 +226,47 @@ def test_the_lease_is_renewed_while_restoring(server: str, tmp_path: Path) -> No
             try:
                 await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
                 await asyncio.sleep(2 * lease)  # several renewals after the restore
+                assert leader.leading
+                assert leader.terms == 1
+            finally:
+                stop.set()
+                await task
+        finally:
+            await bus.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_lease_is_renewed_while_the_core_is_built(
+        server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the core from the restored state (about a lease long at 100,000 hosts,
+    all CPU) does not hold the event loop, where the lease is renewed: one takeover.
+    Before, it ran on the loop; the lease expired under it."""
+    made: list[bool] = []
+
+    def slow_core(*args: Any, **kwargs: Any) -> Any:
+        if not made:  # the first takeover only
+            time.sleep(3 * lease)  # as CPU-bound work would, holding the caller
+        made.append(True)
+        return real(*args, **kwargs)
+
+    real = leading.ControllerCore
+    monkeypatch.setattr(leading, "ControllerCore", slow_core)
+    cfg = config(tmp_path, server, "a")
+    lease = cfg.cluster.lease
+
+    async def scenario() -> None:
+        bus = Bus(cfg.cluster)
+        await bus.connect()
+        try:
+            await store_frames(bus, "h1", 1, 10)
+            head = await bus.head("HZ_AGENTS")
+            leader = Leader(cfg, bus, await bus.epoch(), tmp_path / "a.mirror")
+            stop = asyncio.Event()
+            task = asyncio.create_task(leader.run(stop))
+            try:
+                await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
+                await asyncio.sleep(2 * lease)  # several renewals after the takeover
                 assert leader.leading
                 assert leader.terms == 1
             finally:
