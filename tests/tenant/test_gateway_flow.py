@@ -2,8 +2,8 @@
 stops the direct writes (controller/gateway/direct.py), what follows is queued up to
 the feed's hwm, and the stream ends "behind" after what it queued (counted so) unless
 the kernel's buffers took it all; what the client then reads (with Python's own HTTP
-client, chunked framing and all) is the events in order with nothing twice. A stream
-that reads gets them all."""
+client, chunked framing and all) is the events in order with nothing twice. Streams
+that read get them all, on HTTP/1.1 (chunked) and HTTP/1.0 (close-delimited)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,10 @@ def test_a_stream_that_stops_reading_is_queued_then_ends_behind_in_order(
     reader = CurlStream(spawn, f"http://127.0.0.1:{port}/v1/feed?topic=job/acme/",
                         "-H", f"Authorization: Bearer {secret}")
     reader.take(2)  # subscribed, the present
+    # HTTP/1.0: no chunks, the stream's end is the connection's close.
+    plain = CurlStream(spawn, f"http://127.0.0.1:{port}/v1/feed?topic=job/acme/", "--http1.0",
+                       "-H", f"Authorization: Bearer {secret}")
+    plain.take(2)
     stuck = socket.socket()
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     try:
@@ -66,8 +70,8 @@ def test_a_stream_that_stops_reading_is_queued_then_ends_behind_in_order(
         stuck.connect(("127.0.0.1", port))
         stuck.sendall(f"GET /v1/feed?topic=job/acme/ HTTP/1.1\r\nHost: gateway\r\n"
                       f"Authorization: Bearer {secret}\r\n\r\n".encode())
-        wait_until(lambda: controller.request("status")["gateway"]["streams"] == 2,
-                   what="the second stream")
+        wait_until(lambda: controller.request("status")["gateway"]["streams"] == 3,
+                   what="the stream that does not read")
         sender.send(advice("job-a"))
         first = reader.next()
         for _ in range(1, SENT):
@@ -75,6 +79,7 @@ def test_a_stream_that_stops_reading_is_queued_then_ends_behind_in_order(
         sender.wait_ack(sender.seq, timeout=60)
         read = [first, *reader.take(SENT - 1, timeout=60)]
         assert [e.key[1] for e in read] == list(range(first.key[1], first.key[1] + SENT))
+        assert [e.id for e in plain.take(SENT, timeout=60)] == [e.id for e in read]
         response = http.client.HTTPResponse(stuck)
         response.begin()
         assert response.status == 200 and response.getheader("Transfer-Encoding") == \
@@ -90,6 +95,7 @@ def test_a_stream_that_stops_reading_is_queued_then_ends_behind_in_order(
     finally:
         stuck.close()
         reader.close()
+        plain.close()
     assert got[0][0] is None  # subscribed
     seqs = [seq for _, seq in got[2:]]
     assert seqs == list(range(first.key[1], first.key[1] + len(seqs)))  # none twice
