@@ -33,7 +33,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from controller import views
-from controller.gateway import events
+from controller.gateway import direct, events
 from controller.gateway.bodies import MAX_BODY, BodyError, decode_json
 from controller.gateway.connections import ConnectionGuard, GuardedSite
 from controller.gateway.events import STATUS
@@ -84,9 +84,6 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
         self.connections = ConnectionGuard(cfg)
         self.sessions = Sessions(cfg.session_lifetime, cfg.sessions_per_tenant)
         self._spec: bytes | None = None
-        #: Set once there is news for the streams' writers (then replaced): one wake
-        #: for a publication to all its streams, not one per stream.
-        self._tick = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -172,32 +169,36 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
             stream.ending = "behind"
             return Delivery.FULL
         stream.pending.append(send)
-        self._wake()
+        self._wake_one(stream)
         return Delivery.SENT
 
     def deliver_all(self, out: FanOut, peers: list[bytes], *, full: list[bytes],
                     gone: list[bytes]) -> None:
-        """A publication for ``peers``, our streams among its subscribers, queued for
-        their writers in one loop; the streams it did not reach go to ``full``, ``gone``."""
+        """A publication for ``peers``, our streams among its subscribers, in one loop:
+        written at once to the streams whose writers wait with nothing queued, queued
+        for the others (controller/gateway/direct.py); the streams it did not reach go
+        to ``full``, ``gone``."""
         if out.offset <= 0:
             return  # sent again (republication): a stream has it already
-        streams, hwm = self.streams, self.hwm
         send = SendToTenant(b"", out.topic, out.frame, out.offset)  # all a writer reads
-        for peer in peers:
-            stream = streams.get(peer)
-            if stream is None:
-                gone.append(peer)
-            elif len(stream.pending) >= hwm:
-                stream.ending = "behind"  # the stream ends, the client resumes
-                full.append(peer)
-            else:
-                stream.pending.append(send)
-        self._wake()
+        queued: list[Stream] = []
+        self.stats.events += direct.deliver_all(
+            self.streams, peers, send, lambda: self.written.get(
+                out.frame, out.topic, self.cfg.source, self.shell.core.feed.epoch), self.hwm,
+            full=full, gone=gone, queued=queued)
+        for stream in queued:
+            self._wake_one(stream)
 
     def _wake(self) -> None:
-        """Wake every waiting writer at once; each looks at its own queue."""
-        tick, self._tick = self._tick, asyncio.Event()
-        tick.set()
+        """Wake every waiting writer (for keep-alives); each looks at its own queue."""
+        for stream in self.streams.values():
+            self._wake_one(stream)
+
+    @staticmethod
+    def _wake_one(stream: Stream) -> None:
+        waiter = stream.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def answer(self, peer: bytes, message: Message) -> Delivery:
         if peer not in self._answers:
@@ -214,7 +215,7 @@ class Gateway(TenantIdentity, FeedStreams, NegotiationRoutes):
 
     def _end(self, stream: Stream, why: str) -> None:
         stream.ending = why
-        self._wake()
+        self._wake_one(stream)
 
     def view(self) -> dict[str, Any]:
         return {"listen": self.cfg.listen, "streams": len(self.streams),

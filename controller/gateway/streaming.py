@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.http_writer import HttpVersion11
 
 from controller.feed import stream_of, streams_of
 from controller.gateway import events
+from controller.gateway.direct import Direct
 from controller.gateway.events import Cursor, CursorError
 from controller.gateway.shell import PEER, GatewayStats, Refused, Shell
 from controller.outputs import SendToTenant, TenantPeer
@@ -57,6 +59,15 @@ class Stream:
     #: Why it is ending: "behind" (its queue overflowed: what is queued goes first),
     #: "revoked", "logged out" or "closing" (at once).
     ending: str | None = None
+    #: Once live: where the stream is (the cursor after the last event written).
+    cursor: Cursor | None = None
+    #: When it was last written to (keep-alives go to quiet streams only).
+    written: float = 0.0
+    #: Set while its writer waits with nothing queued: how a publication is written to
+    #: it at once (controller/gateway/direct.py).
+    direct: Direct | None = None
+    #: What its waiting writer waits on (set to wake it).
+    waiter: asyncio.Future[None] | None = None
 
 
 class FeedStreams:
@@ -72,7 +83,6 @@ class FeedStreams:
     #: Each publication's CloudEvent, written once for all the streams it goes to.
     written: events.EventCache
     _numbers: itertools.count[int]
-    _tick: asyncio.Event
     _ticker: asyncio.Task[None] | None
 
     if TYPE_CHECKING:  # in controller/gateway/http.py
@@ -122,6 +132,10 @@ class FeedStreams:
         self.stats.streams += 1
         response = web.StreamResponse(headers={**SSE_HEADERS,
                                                "X-Request-Id": request["request_id"]})
+        if request.version == HttpVersion11:
+            # What aiohttp does for a body of unknown length anyway, said here so the
+            # direct writes (controller/gateway/direct.py) know to frame chunks.
+            response.enable_chunked_encoding()
         try:
             await response.prepare(request)
             await self._write(response, events.event(
@@ -136,7 +150,7 @@ class FeedStreams:
                 cursor = await self._resume(response, stream, Cursor(epoch))
             else:
                 cursor = await self._present(response, stream)
-            await self._live(response, stream, cursor)
+            await self._live(request, response, stream, cursor)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
@@ -203,21 +217,31 @@ class FeedStreams:
                     break
         return cursor
 
-    async def _live(self, response: web.StreamResponse, stream: Stream,
-                    cursor: Cursor) -> None:
-        """What the hub hands the stream, written as it comes: all that is pending at once
-        in one write. A publication reaches thousands of streams in one pass of the loop
-        and wakes their writers with one event, not one each; a writer with nothing to
-        write sends a keep-alive once its stream was quiet for ``keepalive``."""
+    async def _live(self, request: web.Request, response: web.StreamResponse,
+                    stream: Stream, cursor: Cursor) -> None:
+        """What the hub hands the stream, written as it comes. While the writer waits
+        with nothing queued, a publication is written to the connection at once by the
+        loop that hands it over (controller/gateway/direct.py), without waking it;
+        what is queued (the connection was paused, or the writer busy) it writes, all
+        that is pending in one write. A writer with nothing to write sends a keep-alive
+        once its stream was quiet for ``keepalive`` (woken for that by one timer)."""
         pending, source, keepalive = stream.pending, self.cfg.source, self.cfg.keepalive
-        written = time.monotonic()
+        direct = Direct(request.protocol, response.chunked) \
+            if not response.compression else None
+        loop = asyncio.get_running_loop()
+        stream.cursor, stream.written = cursor, time.monotonic()
         while True:
             if not pending and stream.ending is None:
-                await self._tick.wait()
+                stream.waiter = loop.create_future()
+                stream.direct = direct
+                try:
+                    await stream.waiter
+                finally:
+                    stream.direct = stream.waiter = None
                 if not pending and stream.ending is None:
-                    if time.monotonic() - written >= keepalive:
+                    if time.monotonic() - stream.written >= keepalive:
                         await response.write(b": keep-alive\n\n")
-                        written = time.monotonic()
+                        stream.written = time.monotonic()
                     continue
             if stream.ending in ("revoked", "closing", "logged out"):
                 log.info("ended a stream of tenant %r: %s", stream.tenant, stream.ending)
@@ -226,15 +250,17 @@ class FeedStreams:
             pending.clear()
             epoch = self.shell.core.feed.epoch
             chunks = []
+            cursor = stream.cursor or cursor  # moved by direct writes meanwhile
             for send in batch:
                 name = stream_of(send.topic)
                 if send.offset > cursor.at(name):
                     cursor = cursor.moved(name, send.offset)
                     chunks.append(events.sse(self.written.get(send.frame, send.topic, source,
                                                               epoch), cursor))
+            stream.cursor = cursor
             if chunks:
                 await response.write(b"".join(chunks))
-                written = time.monotonic()
+                stream.written = time.monotonic()
                 self.stats.events += len(chunks)
             if stream.ending == "behind" and not pending:
                 self.stats.overflowed += 1
