@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import cProfile
 import json
-import logging
 import multiprocessing as mp
 import os
 import random
@@ -52,13 +51,13 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port, scratch, wait_until
+from bench.common import scratch, wait_until
+from bench.load.bus import jetstream, prepare
 from controller.bus.leader import Leader
 from controller.bus.nats import Bus
 from controller.config import load
 from harmonaize import messages as m
 from harmonaize.messages import encode
-from testbed.natscluster import nats_server
 
 EPOCH = 1
 BEAT_INTERVAL = 0.5
@@ -221,16 +220,6 @@ async def reset(url: str) -> None:
         await nc.close()
 
 
-async def prepare(cfg_path: Path) -> None:
-    """The streams and buckets, as a replica makes them."""
-    cfg, _ = load(cfg_path)
-    bus = Bus(cfg.cluster)
-    await bus.connect()
-    await bus.epoch()
-    logging.getLogger("harmonaize").setLevel(logging.ERROR)  # "lost the connection": closed
-    await bus.close()
-
-
 def run_leader(cfg_path: Path, work: Path, *, cpu: int, batch: int, window: float,
                start: int, end: int, n: int, profile: Path | None = None) -> dict[str, Any]:
     mirror = work / f"leader-{n}.db"
@@ -287,12 +276,7 @@ def main() -> int:
     if len(cpus) < 2:
         print("leader-apply: one CPU only: the leader shares it with the bus", flush=True)
     with scratch() as work:
-        port = free_port()
-        url = f"nats://127.0.0.1:{port}"
-        with (work / "nats.log").open("wb") as out:
-            server = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port),
-                                       "-js", "-sd", str(work / "js")], stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        server, url = jetstream(work)
         try:
             os.sched_setaffinity(server.pid, others)
             wait_until(lambda: server.poll() is not None or

@@ -57,7 +57,8 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port, percentile, scratch, wait_until
+from bench.common import percentile, scratch, wait_until
+from bench.load.bus import jetstream, prepare
 from bench.region.leaders import (
     CANDIDATES,
     candidate,
@@ -65,7 +66,6 @@ from bench.region.leaders import (
     cpu_seconds,
     env,
     place_jobs,
-    prepare,
     snapshot_at,
 )
 from bench.region.load import Plan, host_name, produce
@@ -82,7 +82,6 @@ from bench.region.watch import (
 )
 from controller.bus.nats import AGENTS, BEATS, Bus
 from controller.config import load
-from testbed.natscluster import nats_server
 
 #: Host names in one beat message (a replica's share of a region: 100,000 / 48).
 BEAT_CHUNK = 4096
@@ -368,12 +367,7 @@ def main() -> int:
     cpus = sorted(os.sched_getaffinity(0))
     leader_cpu, others = cpus[0], set(cpus[1:]) or {cpus[0]}
     with scratch() as work:
-        port = free_port()
-        url = f"nats://127.0.0.1:{port}"
-        with (work / "nats.log").open("wb") as out:
-            server = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port),
-                                       "-js", "-sd", str(work / "js")], stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        server, url = jetstream(work)
         region = Region(args, work, url, leader_cpu=leader_cpu, others=others)
         try:
             os.sched_setaffinity(server.pid, others)

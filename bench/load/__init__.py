@@ -1,1 +1,1 @@
-"""Load generators the benchmarks share: simulated agents and subscribers."""
+"""Load generators the benchmarks share: simulated agents, subscribers, the bus."""

@@ -50,16 +50,6 @@ def config(work: Path, url: str, name: str, lease: float, snapshot: float) -> Pa
     return path
 
 
-async def prepare(cfg_path: Path) -> None:
-    """The streams and buckets, as a replica makes them."""
-    cfg, _ = load(cfg_path)
-    bus = Bus(cfg.cluster)
-    await bus.connect()
-    await bus.epoch()
-    logging.getLogger("harmonaize").setLevel(logging.ERROR)  # "lost the connection": closed
-    await bus.close()
-
-
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 

@@ -198,6 +198,21 @@ async def _lead_to_head(cfg: Any, bus: Bus, epoch: int, mirror: Path) -> None:
         await own.close()
 
 
+async def _one_term_through(leader: Leader, head: int, lease: float) -> None:
+    """Run ``leader`` until it committed up to ``head`` and several renewals after: it
+    must still lead, in its first term (a lapsed lease would have made a second)."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(leader.run(stop))
+    try:
+        await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
+        await asyncio.sleep(2 * lease)
+        assert leader.leading
+        assert leader.terms == 1
+    finally:
+        stop.set()
+        await task
+
+
 def test_the_lease_is_renewed_while_restoring(server: str, tmp_path: Path) -> None:
     """A restore three leases long is one takeover: the lease is renewed during it.
     Before, it was renewed only once the restore ended, by which time it had expired;
@@ -221,16 +236,7 @@ def test_the_lease_is_renewed_while_restoring(server: str, tmp_path: Path) -> No
                 return again
 
             leader._restore = slow_restore  # type: ignore[method-assign]
-            stop = asyncio.Event()
-            task = asyncio.create_task(leader.run(stop))
-            try:
-                await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
-                await asyncio.sleep(2 * lease)  # several renewals after the restore
-                assert leader.leading
-                assert leader.terms == 1
-            finally:
-                stop.set()
-                await task
+            await _one_term_through(leader, head, lease)
         finally:
             await bus.close()
 
@@ -262,16 +268,7 @@ def test_the_lease_is_renewed_while_the_core_is_built(
             await store_frames(bus, "h1", 1, 10)
             head = await bus.head("HZ_AGENTS")
             leader = Leader(cfg, bus, await bus.epoch(), tmp_path / "a.mirror")
-            stop = asyncio.Event()
-            task = asyncio.create_task(leader.run(stop))
-            try:
-                await asyncio.wait_for(_until(lambda: leader.committed == head), 30)
-                await asyncio.sleep(2 * lease)  # several renewals after the takeover
-                assert leader.leading
-                assert leader.terms == 1
-            finally:
-                stop.set()
-                await task
+            await _one_term_through(leader, head, lease)
         finally:
             await bus.close()
 
