@@ -5,6 +5,7 @@ provider allowed) and receives what FeedClient receives."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,11 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def test_eventsource_in_chromium_receives_what_feedclient_receives(
         spawn, workdir: Path, ctx: zmq.Context, browser: Any) -> None:
     port, page_port = free_port(), free_port()
@@ -67,12 +73,13 @@ def test_eventsource_in_chromium_receives_what_feedclient_receives(
             present[(message.topic, message.seq)] = to_plain(message.body)
         fragment = (f"gateway=http://127.0.0.1:{port}/v1&token={token(controller, 'acme')}"
                     + "".join(f"&topic={t}" for t in topics))
+        # The page server may take a moment to listen, and a refused page is an
+        # exception in this chromedriver (an error page in others): wait for the port.
         deadline = time.monotonic() + 30
-        while True:  # the page server may take a moment to listen
-            browser.get(f"{origin}/feed.html#{fragment}")
-            if "feed" in browser.title or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        while not listening(page_port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        browser.get(f"{origin}/feed.html#{fragment}")
+        assert "feed" in browser.title, browser.title
 
         def received(count: int) -> list[dict[str, Any]]:
             deadline = time.monotonic() + 30
