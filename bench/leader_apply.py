@@ -168,7 +168,9 @@ def lead(cfg_path: Path, mirror: Path, *, batch: int, window: float, start: int,
         leader.max_batch = batch
         # A batch taken before the switch may be in flight: the clock starts after it.
         switched = leader.commits
-        await waiting(lambda: leader.commits >= switched + 2, task, "the switch")
+        # (A small run may have nothing left after it: then the clock finds it done.)
+        await waiting(lambda: leader.commits >= switched + 2 or leader.committed >= end, task,
+                      "the switch")
         if profiler is not None:
             profiler.enable()
         t0, cpu0, at0, commits0 = (time.monotonic(), time.process_time(), leader.committed,
@@ -337,6 +339,9 @@ def drive(args: argparse.Namespace, work: Path, url: str, *, leader_cpu: int,
                 got = run_leader(cfg, work, cpu=leader_cpu, batch=batch, window=args.window,
                                  start=2 * args.hosts, end=end, n=n, profile=profile)
                 server_cpu = cpu_seconds(server.pid) - cpu0
+                if not got["frames"] or not got["seconds"]:
+                    raise SystemExit("leader-apply: nothing was left to measure after the "
+                                     "hellos: give it more hosts or --frames")
                 rate = got["frames"] / got["seconds"]
                 per_cpu = got["frames"] / max(got["cpu"], 1e-9)
                 rates[batch].append(per_cpu)
