@@ -198,6 +198,13 @@ async def _lead_to_head(cfg: Any, bus: Bus, epoch: int, mirror: Path) -> None:
         await own.close()
 
 
+async def _leader_over_frames(cfg: Any, bus: Bus, tmp_path: Path) -> tuple[Leader, int]:
+    """A leader (not yet run) over ten frames of one host, and the stream's head."""
+    await store_frames(bus, "h1", 1, 10)
+    head = await bus.head("HZ_AGENTS")
+    return Leader(cfg, bus, await bus.epoch(), tmp_path / "a.mirror"), head
+
+
 async def _one_term_through(leader: Leader, head: int, lease: float) -> None:
     """Run ``leader`` until it committed up to ``head`` and several renewals after: it
     must still lead, in its first term (a lapsed lease would have made a second)."""
@@ -223,9 +230,7 @@ def test_the_lease_is_renewed_while_restoring(server: str, tmp_path: Path) -> No
         bus = Bus(cfg.cluster)
         await bus.connect()
         try:
-            await store_frames(bus, "h1", 1, 10)
-            head = await bus.head("HZ_AGENTS")
-            leader = Leader(cfg, bus, await bus.epoch(), tmp_path / "a.mirror")
+            leader, head = await _leader_over_frames(cfg, bus, tmp_path)
             restore = leader._restore
             slow = [True]
 
@@ -265,9 +270,7 @@ def test_the_lease_is_renewed_while_the_core_is_built(
         bus = Bus(cfg.cluster)
         await bus.connect()
         try:
-            await store_frames(bus, "h1", 1, 10)
-            head = await bus.head("HZ_AGENTS")
-            leader = Leader(cfg, bus, await bus.epoch(), tmp_path / "a.mirror")
+            leader, head = await _leader_over_frames(cfg, bus, tmp_path)
             await _one_term_through(leader, head, lease)
         finally:
             await bus.close()
