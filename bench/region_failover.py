@@ -263,8 +263,9 @@ class Region:
             await sub.unsubscribe()
         for kill in kills:
             measure(kill, self.watch, acks)
-            kill.restore = restore_seconds((self.work / f"{kill.successor}.log").read_text(),
-                                           kill.at) if kill.successor else math.nan
+            kill.restore, kill.began = restore_seconds(
+                (self.work / f"{kill.successor}.log").read_text(),
+                kill.at) if kill.successor else (math.nan, "")
         counted, entries = await self.check(results)
         return self.report(kills, results, acks, counted=counted, entries=entries)
 

@@ -69,6 +69,7 @@ from controller.outputs import (
     TenantPeer,
     Writes,
 )
+from controller.pooltally import PoolTally
 from controller.publications import Publications
 from controller.redaction import Redactor
 from controller.redactionconfig import PoolNames, job_topic
@@ -92,12 +93,14 @@ FEED_PRUNE_INTERVAL = 60.0
 class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPart):
     def __init__(self, cfg: ControllerConfig, now: float, restored: Restored | None = None,
                  *, rng: random.Random | None = None, follower: bool = False,
-                 wall: float | None = None) -> None:
+                 wall: float | None = None, tally: PoolTally | None = None) -> None:
         """Begin from what the store kept (nothing: a new controller). ``rng`` draws the
         redaction's release jitter (seed it for a reproducible run). ``follower``: a
         cluster replica's core, whose feed the leader numbers and whose placements are
         the leader's (its store holds none). ``wall``: the Unix time at ``now`` (each
-        tick says it again), for what is negotiated in Unix time."""
+        tick says it again), for what is negotiated in Unix time. ``tally``: the restored
+        hosts' views counted by pool already (a warm standby keeps one as the leader's
+        commits come, controller/bus/standby.py); None: counted here."""
         restored = restored or Restored()
         self.cfg = cfg
         #: Unix time minus the core's clock, as the last tick (or the start) said it.
@@ -113,7 +116,10 @@ class ControllerCore(AgentMessages, TenantRequests, JobHealthPart, NegotiationPa
         self.redactor = Redactor(cfg.redaction, rng or random.Random())
         self.redactor.names = PoolNames.of(cfg.pools.names, cfg.pools.gpu_classes)
         # Each pool's private release plan goes on from the hosts the store kept.
-        self.redactor.restore_inventory(self.cluster.views())
+        self.redactor.restore_inventory(self.cluster.views() if tally is None else (),
+                                        tally)
+        # Counted there: the first tick need not move the counts by every host again.
+        self.cluster.touched.clear()
         #: (pool, class) names agents reported that are not declared, each logged once.
         self._held_back_told: set[tuple[str, str]] = set()
         for topic, (_, frame, _) in restored.latest.items():

@@ -61,7 +61,7 @@ from controller.poolredaction import (
     trend,
     true_counts,
 )
-from controller.pooltally import PoolTally, counted
+from controller.pooltally import PoolTally
 from controller.privacy import (
     Ledger,
     Plan,
@@ -271,12 +271,21 @@ class Redactor:
                 self._refresh_at.pop(topic, None)
         return sorted(gone)
 
-    def restore_inventory(self, hosts: Iterable[HostState]) -> None:
-        """The hosts a restart restored, before any is heard from: each pool's first plan
-        is then the one the process before this one last used (controller/
-        releaseschedule.py)."""
-        pools = counted(hosts, self.cfg.host_gpus, self.names)
-        self.schedules.restore((pool_topic(*key), sums.hosts) for key, sums in pools.items())
+    def restore_inventory(self, hosts: Iterable[HostState],
+                          tally: PoolTally | None = None) -> None:
+        """The hosts a restart restored, before any is heard from, counted as the pools'
+        counts begin (the shell need not pass them as changed again): each pool's first
+        plan is then the one the process before this one last used (controller/
+        releaseschedule.py). ``tally``: those hosts counted already (a warm standby's,
+        controller/bus/standby.py), taken as they are; ``hosts`` is then not read."""
+        if tally is None:
+            self.tally.rebuild(hosts, self.names, self.cfg.host_gpus)
+        else:
+            self.tally = tally
+            self.tally.update((), self.names, self.cfg.host_gpus)  # counted anew if the
+            # names or the clamp differ from what it was counted under
+        self.schedules.restore((pool_topic(*key), sums.hosts)
+                               for key, sums in self.tally.pools.items())
 
     # --- outputs --------------------------------------------------------------------
 

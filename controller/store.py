@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -235,9 +235,11 @@ class Store:
                 "(SELECT t.seq FROM feed_topics t WHERE t.topic = feed_log.topic) - ?", (keep,))
         return cur.rowcount
 
-    def restored(self) -> Restored:
-        """Everything a new core begins from."""
-        return Restored(hosts=tuple(self.load_hosts()), tuning=self.load_tuning(),
+    def restored(self, hosts: Iterable[HostRecord] | None = None) -> Restored:
+        """Everything a new core begins from; ``hosts``: the stored hosts as the caller
+        holds them already (a warm standby's), not read again."""
+        return Restored(hosts=tuple(self.load_hosts() if hosts is None else hosts),
+                        tuning=self.load_tuning(),
                         placements=tuple(self.load_placements()),
                         feed_seqs=self.load_feed_seqs(), latest=self.latest_conditions(),
                         declarations=tuple(self.load_declarations()),

@@ -100,11 +100,13 @@ class Kill:
     drain: float = math.nan  # seconds from the first Commit until the backlog is covered
     successor: str = ""
     restore: float = math.nan  # the successor's own word: seconds to read the log
+    began: str = ""  # "warm" (from its standby) or "cold"
 
     def line(self, n: int, rate: float) -> str:
         return (f"kill {n} ({self.victim}, then {self.successor}): lease taken "
                 f"{self.lease:.2f} s, first Commit {self.commit:.2f} s, feed again "
-                f"{self.feed:.2f} s after the kill (its restore {self.restore:.2f} s); backlog "
+                f"{self.feed:.2f} s after the kill (its restore {self.restore:.2f} s, "
+                f"{self.began or '?'}); backlog "
                 f"{self.backlog:,} frames ({self.backlog / rate:.1f} s of load), covered "
                 f"{self.drain:.2f} s after the first Commit")
 
@@ -126,19 +128,20 @@ def summary(kills: list[Kill], behind: list[int]) -> str:
 
 
 #: The leader's log line when it took over (controller/bus/leader.py: take_over).
-LEADING = re.compile(r"^(\S+ \S+) \S+ leading: .* \((\d+\.\d+) s\)$")
+LEADING = re.compile(r"^(\S+ \S+) \S+ leading: .* \((\w+), (\d+\.\d+) s\)$")
 
 
-def restore_seconds(log: str, after: float) -> float:
-    """The first takeover a leader's log tells of after ``after`` (its seconds to read
-    the snapshot and the commits since); NaN if none."""
+def restore_seconds(log: str, after: float) -> tuple[float, str]:
+    """The first takeover a leader's log tells of after ``after``: its seconds to read
+    the state, and how it began ("warm" from its standby, "cold" from the snapshot and
+    the log); NaN if none."""
     for line in log.splitlines():
         found = LEADING.match(line)
         if found is not None:
             at = datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").astimezone()
             if at.timestamp() > after:
-                return float(found[2])
-    return math.nan
+                return float(found[3]), found[2]
+    return math.nan, ""
 
 
 def measure(kill: Kill, watch: Watch, acks: Acks) -> None:

@@ -49,6 +49,7 @@ from controller.bus.nats import (
     Fenced,
     to_agent_subject,
 )
+from controller.bus.standby import Behind, Standby, Warm
 from controller.core import ControllerCore
 from controller.outputs import (
     AgentPeer,
@@ -134,6 +135,15 @@ class Leader:
         self._replies: list[tuple[Msg, Reply]] = []
         self._numbers = 0
         self._snapshot_at = 0.0
+        #: The state kept as the log is written while not leading (None: off), so that
+        #: a takeover reads only what came since (controller/bus/standby.py).
+        self.standby = Standby(cfg, mirror) if cfg.cluster.warm_standby else None
+        self._following: asyncio.Task[None] | None = None
+        #: Whether the mirror on disk is one this process wrote on this bus (a standby
+        #: may go on from it rather than from the newest snapshot).
+        self._trusted = False
+        #: How the last takeover began: "warm" (from the standby) or "cold".
+        self.took_over = ""
 
     @property
     def leading(self) -> bool:
@@ -142,29 +152,57 @@ class Leader:
     async def run(self, stop: asyncio.Event) -> None:
         """Contend for the lease for as long as the replica runs; lead while it is ours."""
         period = self.cfg.cluster.lease / 4
-        while not stop.is_set():
-            revision = None
-            with contextlib.suppress(Exception):
-                revision = await self.bus.acquire(LEADER_KEY, self.cfg.cluster.replica)
-            if revision is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), period)
-                continue
-            self.revision = revision
-            try:
-                await self._lead(stop)
-            except StepDown as exc:
-                log.warning("no longer the leader: %s", exc)
-            except (OSError, TimeoutError, nats.errors.Error, nats.js.errors.Error,
-                    codec.CodecError) as exc:
-                # The bus failed under us (a node gone, a timeout): whether the last
-                # store landed is unknown, so step down; whoever leads next (perhaps this
-                # replica again) reads the log as it is.
-                log.warning("stepping down: the bus failed: %s: %s", type(exc).__name__, exc)
-            finally:
-                await self._end()
+        try:
+            while not stop.is_set():
+                await self._contend(stop, period)
+        finally:
+            await self._stop_following()
+            if self.standby is not None:
+                self.standby.close()
+
+    async def _contend(self, stop: asyncio.Event, period: float) -> None:
+        """One try for the lease (following the log meanwhile); one term if it is ours."""
+        if self.standby is not None and (self._following is None or self._following.done()):
+            self._following = asyncio.create_task(
+                self.standby.follow(self.bus, trusted=self._trusted))
+        revision = None
+        with contextlib.suppress(Exception):
+            revision = await self.bus.acquire(LEADER_KEY, self.cfg.cluster.replica)
+        if revision is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period)
+            return
+        self.revision = revision
+        await self._stop_following()
+        self._trusted = True  # whatever this term writes to the mirror, the log holds
+        try:
+            await self._lead(stop)
+        except StepDown as exc:
+            log.warning("no longer the leader: %s", exc)
+        except (OSError, TimeoutError, nats.errors.Error, nats.js.errors.Error,
+                codec.CodecError) as exc:
+            # The bus failed under us (a node gone, a timeout): whether the last store
+            # landed is unknown, so step down; whoever leads next (perhaps this replica
+            # again) reads the log as it is.
+            log.warning("stepping down: the bus failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            await self._end()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period)
+
+    async def _stop_following(self) -> None:
+        """The standby stopped between two commits (or at the end of a load it began)."""
+        task, self._following = self._following, None
+        if self.standby is not None:
+            self.standby.halt()  # a follower that outlives its cancellation changes nothing
+        if task is not None:
+            task.cancel()
+            # Waited for a while, not for ever (as the term's tasks below).
+            done, _ = await asyncio.wait([task], timeout=STOP_WAIT)
+            if not done:
+                log.warning("the standby did not stop within %.0f s; left behind", STOP_WAIT)
+            elif not task.cancelled():
+                task.exception()  # retrieved; the follower logged it
 
     async def _end(self) -> None:
         if self.core is not None and self.revision:
@@ -207,16 +245,40 @@ class Leader:
             raise StepDown(f"the log holds commits to {last}, read to {self.commit_seq}")
         return again
 
-    def _build(self) -> ControllerCore:
+    async def _warm(self) -> Warm | None:
+        """The standby's state, brought to the log's last commit, for this term (None:
+        there is none, or it cannot be brought there: a cold restore then)."""
+        standby = self.standby
+        if standby is None or not standby.ready:
+            return None
+        last = await self.bus.last_commit()
+        try:
+            await standby.catch_up(self.bus, last, keep=True)
+        except Behind as exc:
+            log.warning("taking over cold: %s", exc)
+            return None
+        if standby.commit_seq < last:
+            log.warning("taking over cold: the standby read to commit %d of %d",
+                        standby.commit_seq, last)
+            return None
+        warm = standby.hand_over()
+        self.store, self.commit_seq = warm.store, warm.commit_seq
+        self.agents_seq = self.committed = warm.agents_seq
+        return warm
+
+    def _build(self, warm: Warm | None = None) -> ControllerCore:
         """The core from the mirror as restored (its own connection: this runs in a
-        thread, while the leader's connection waits)."""
+        thread, while the leader's connection waits); with ``warm``, its hosts and
+        their counts as the standby kept them, the rest from the mirror."""
         reader = Store(self.mirror_path, durable=False)
         try:
-            restored = dataclasses.replace(reader.restored(), feed_epoch=self.epoch)
+            restored = dataclasses.replace(
+                reader.restored(None if warm is None else warm.hosts.values()),
+                feed_epoch=self.epoch)
         finally:
             reader.close()
         core = ControllerCore(self.cfg, time.monotonic(), restored, rng=random.Random(),
-                              wall=time.time())
+                              wall=time.time(), tally=None if warm is None else warm.tally)
         for host in list(core.cluster.hosts):
             core.cluster.bind(peer_of(host), host)
         return core
@@ -286,10 +348,17 @@ class Leader:
         self._queue = asyncio.Queue()
         self._carry = []
         self._frames = FrameReader()
-        again = await self._restore()
+        warm = await self._warm()
+        if warm is None:
+            if self.standby is not None:
+                self.standby.close()  # its mirror is begun anew below
+            again = await self._restore()
+        else:
+            again = warm.again
+        self.took_over = "cold" if warm is None else "warm"
         # Off the event loop, where the lease is renewed: at 100,000 hosts loading the
-        # state and building the core take about as long as the lease.
-        core = await asyncio.to_thread(self._build)
+        # state and building the core take about as long as the lease (cold).
+        core = await asyncio.to_thread(self._build, warm)
         for entry in again:
             await self._publish(entry)
         self.core = core
@@ -300,9 +369,9 @@ class Leader:
         # snapshot, and each successor would read (and publish again) a longer log, its
         # oldest publications past the bus's duplicate window, so stored again.
         self._snapshot_at = time.monotonic() - await self._log_age()
-        log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%.2f s)",
-                 self.commit_seq, self.agents_seq, len(core.cluster.hosts),
-                 time.monotonic() - began)
+        log.info("leading: state to commit %d, agents' stream to %d, %d hosts (%s, "
+                 "%.2f s)", self.commit_seq, self.agents_seq, len(core.cluster.hosts),
+                 self.took_over, time.monotonic() - began)
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -515,7 +584,7 @@ class Leader:
         await snapshots.take(self.bus, self.store, self.mirror_path, self.commit_seq)
 
     def view(self) -> dict[str, Any]:
-        return {"leading": self.leading, "terms": self.terms,
+        return {"leading": self.leading, "terms": self.terms, "took_over": self.took_over,
                 "commit": self.commit_seq, "agents_stream": self.agents_seq,
                 "since": self.took_over_at,
                 "queued": self._queue.qsize(),

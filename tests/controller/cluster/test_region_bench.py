@@ -100,9 +100,10 @@ def test_lost_and_repeated_feed_entries_are_counted() -> None:
 
 def test_the_successors_restore_is_read_from_its_log() -> None:
     log = ("2026-12-04 10:00:01,000 harmonaize.controller.leader leading: state to commit 3, "
-           "agents' stream to 40, 20 hosts (0.50 s)\n"
+           "agents' stream to 40, 20 hosts (cold, 0.50 s)\n"
            "2026-12-04 10:00:09,250 harmonaize.controller.leader leading: state to commit 9, "
-           "agents' stream to 80, 20 hosts (1.25 s)\n")
+           "agents' stream to 80, 20 hosts (warm, 1.25 s)\n")
     eight = datetime(2026, 12, 4, 10, 0, 8).astimezone().timestamp()
-    assert restore_seconds(log, eight) == 1.25
-    assert restore_seconds(log, eight + 60) != restore_seconds(log, eight + 60)  # NaN
+    assert restore_seconds(log, eight) == (1.25, "warm")
+    never, began = restore_seconds(log, eight + 60)
+    assert never != never and began == ""  # NaN: no takeover after it
