@@ -106,7 +106,8 @@ class Region:
         self.js: Any = None
 
     def start_candidate(self, name: str) -> None:
-        cfg = config(self.work, self.url, name, self.args.lease, self.args.snapshot)
+        cfg = config(self.work, self.url, name, self.args.lease, self.args.snapshot,
+                     standby=self.args.standby == "warm")
         command = [sys.executable, __file__, "--candidate", str(cfg), "--mirror",
                    str(self.work / f"{name}-mirror.db")]
         if shutil.which("taskset"):
@@ -181,7 +182,8 @@ class Region:
               f"{args.jobs} jobs, {args.duration:.0f} s of load; {args.producers} producer "
               f"processes (frames encoded before the clock), three leaders on CPU "
               f"{self.leader_cpu}, nats-server and producers on CPUs {sorted(self.others)}; "
-              f"lease {args.lease} s, snapshots every {args.snapshot} s", flush=True)
+              f"lease {args.lease} s, snapshots every {args.snapshot} s, standbys "
+              f"{args.standby}", flush=True)
         self.start_producers()
         began = time.monotonic()
         for proc, _ in self.producers:
@@ -223,11 +225,15 @@ class Region:
         await asyncio.sleep(args.settle)
         holder = self.watch.holder()
         # The leader's own CPU under the load: how far this one core is from its ceiling.
-        share = (cpu_seconds(self.procs[holder].pid) - cpu0[holder]) / (
-            time.monotonic() - load_began)
-        print(f"leader {holder} under the load: {100 * share:.0f}% of a core "
+        spent = time.monotonic() - load_began
+        shares = {name: (cpu_seconds(proc.pid) - cpu0[name]) / spent
+                  for name, proc in self.procs.items()}
+        # The standbys share the leader's CPU here; on a region's replicas each has its own.
+        others = ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares.items()
+                           if name != holder)
+        print(f"leader {holder} under the load: {100 * shares[holder]:.0f}% of a core "
               f"({self.plan.rate + args.advisories:,.0f} frames/s stored; the machine "
-              f"shared)", flush=True)
+              f"shared); the other candidates ({args.standby}): {others}", flush=True)
         for n in range(args.kills):
             if time.monotonic() - load_began > args.duration - args.gap - 5:
                 print(f"region-failover: the load ends before kill {n + 1}: raise --duration",
@@ -332,6 +338,9 @@ def main() -> int:
     parser.add_argument("--changes", type=float, default=0.05,
                         help="share of changed summaries")
     parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--standby", choices=("warm", "cold"), default="warm",
+                        help="replicas not leading keep the state as it is written "
+                        "([cluster] warm_standby), or take over from the snapshot")
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--snapshot", type=float, default=60.0,
                         help="[cluster] snapshot_interval")

@@ -40,13 +40,15 @@ def candidate(cfg_path: Path, mirror: Path) -> None:
     asyncio.run(run())
 
 
-def config(work: Path, url: str, name: str, lease: float, snapshot: float) -> Path:
+def config(work: Path, url: str, name: str, lease: float, snapshot: float, *,
+           standby: bool = True) -> Path:
     path = work / f"{name}.toml"
     path.write_text(
         f'[controller]\ndatabase = "{work / name}.db"\nlog_level = "info"\n'
         '[pools]\nnames = ["scale"]\ngpu_classes = ["H200"]\n'
         f'[cluster]\nenabled = true\nreplica = "{name}"\nservers = ["{url}"]\n'
-        f'stream_replicas = 1\nlease = {lease}\nsnapshot_interval = {snapshot}\n')
+        f'stream_replicas = 1\nlease = {lease}\nsnapshot_interval = {snapshot}\n'
+        f'warm_standby = {str(standby).lower()}\n')
     return path
 
 
