@@ -103,7 +103,7 @@ class ReplicaServer(AgentDoors, ControllerServer):
         self.leader: Leader | None = None
         self.doors: dict[str, Door] = {}
         self.ingest_stats: dict[str, int] = {"stored": 0, "fenced": 0, "failed": 0,
-                                             "rejected": 0, "answered": 0}
+                                             "rejected": 0, "answered": 0, "beats": 0}
         self._heard: set[str] = set()
         self._forwarding: set[asyncio.Task[None]] = set()
         self._failure_logged = -math.inf
