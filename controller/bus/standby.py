@@ -179,8 +179,15 @@ class Standby:
             if newest <= self.commit_seq:
                 return
             self.close()
-        await snapshots.fetch_newest(bus, self.mirror)
+        # Fetched beside the mirror and put in its place only while this following is
+        # still the standby's: one left behind must not replace a successor's mirror.
+        incoming = self.mirror.with_name(self.mirror.name + ".incoming")
+        await snapshots.fetch_newest(bus, incoming)
         self._check(term)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.mirror}{suffix}").unlink(missing_ok=True)
+        if incoming.exists():
+            incoming.replace(self.mirror)
         await self.open(term)
 
     async def catch_up(self, bus: Bus, until: int | None, *, keep: bool = False,

@@ -17,7 +17,7 @@ import pytest
 from controller.bus import codec
 from controller.bus.leader import Leader
 from controller.bus.nats import FEED, FEED_SUBJECT, Bus, agent_subject
-from controller.bus.standby import Behind, Standby
+from controller.bus.standby import Behind, Halted, Standby
 from controller.cluster import HostRecord
 from controller.config import ControllerConfig, load
 from controller.outputs import FeedEntry, Writes
@@ -203,6 +203,11 @@ def test_a_standby_behind_a_snapshot_begins_again_from_it(
             snapshotting.store.close()
             last = await door.last_commit()
             assert last > behind + 1 and leader.commits > 1
+            # A following halted (a takeover has the state) applies nothing more.
+            term = standby._term
+            standby.halt()
+            with pytest.raises(Halted):
+                await standby.catch_up(door, last, term=term)
             with pytest.raises(Behind):
                 await standby.catch_up(door, last)
             assert standby.commit_seq == behind  # nothing applied past the hole
