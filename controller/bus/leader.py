@@ -103,6 +103,25 @@ def peer_of(host: str) -> bytes:
     return BUS_PEER + host.encode()
 
 
+def unpublished(again: list[FeedEntry], last: bytes | None) -> list[FeedEntry]:
+    """Of publications read from the log's last commits (in the order their leaders
+    published them), those after the feed's ``last`` entry. The feed holds every
+    publication of every commit before the log's last (a leader publishes a commit's
+    before it stores the next), so the last entry it holds is among ``again``, or none
+    of ``again`` is stored. Publishing again what is there would store it twice once
+    the bus's duplicate window has passed."""
+    if last is None or not again:
+        return again
+    try:
+        entry = codec.read_feed_entry(last)
+    except codec.CodecError:
+        return again
+    for index in range(len(again) - 1, -1, -1):
+        if (again[index].topic, again[index].seq) == (entry.topic, entry.seq):
+            return again[index + 1:]
+    return again
+
+
 class Leader:
     def __init__(self, cfg: ControllerConfig, bus: Bus, epoch: int, mirror: Path, *,
                  max_batch: int = MAX_BATCH) -> None:
@@ -173,7 +192,6 @@ class Leader:
                 await asyncio.wait_for(stop.wait(), period)
             return
         self.revision = revision
-        await self._stop_following()
         self._trusted = True  # whatever this term writes to the mirror, the log holds
         try:
             await self._lead(stop)
@@ -257,7 +275,7 @@ class Leader:
         except Behind as exc:
             log.warning("taking over cold: %s", exc)
             return None
-        if standby.commit_seq < last:
+        if standby.commit_seq != last:  # short of it, or ahead (the bus begun anew)
             log.warning("taking over cold: the standby read to commit %d of %d",
                         standby.commit_seq, last)
             return None
@@ -345,6 +363,9 @@ class Leader:
     async def take_over(self) -> None:
         """Take over: the state as the log has it, its publications published again."""
         began = time.monotonic()
+        # Stopped here, with the lease renewed meanwhile (a standby loading its state
+        # finishes that first: seconds at 100,000 hosts).
+        await self._stop_following()
         self._queue = asyncio.Queue()
         self._carry = []
         self._frames = FrameReader()
@@ -359,7 +380,7 @@ class Leader:
         # Off the event loop, where the lease is renewed: at 100,000 hosts loading the
         # state and building the core take about as long as the lease (cold).
         core = await asyncio.to_thread(self._build, warm)
-        for entry in again:
+        for entry in unpublished(again, await self.bus.last_feed_entry()):
             await self._publish(entry)
         self.core = core
         self.terms += 1

@@ -228,6 +228,23 @@ class Bus:
         except NotFoundError:
             return 0
 
+    async def commit_at(self, seq: int) -> bytes | None:
+        """The commit stored at stream position ``seq`` (None: none there, or purged)."""
+        assert self.js is not None
+        try:
+            msg = await self.js.get_msg(STATE, seq, direct=True)
+        except NotFoundError:
+            return None
+        return msg.data if msg.subject == COMMIT_SUBJECT else None
+
+    async def last_feed_entry(self) -> bytes | None:
+        """The feed stream's last entry as stored (None: none yet)."""
+        assert self.js is not None
+        try:
+            return (await self.js.get_last_msg(FEED, FEED_SUBJECT, direct=True)).data
+        except NotFoundError:
+            return None
+
     # --- reading a stream in order ---------------------------------------------------------
 
     async def read(self, stream: str, subject: str, after: int, *,

@@ -22,8 +22,11 @@ compares the two).
 Publications to publish again: a leader publishes a commit's publications (each
 acknowledged by the feed stream) before it stores its next commit, and a successor
 publishes again what it read before its first; so when a commit is in the log, the
-publications of every commit before it are in the feed. A successor publishes again
-those of the last commit the standby applied and of every commit it reads after it.
+publications of every commit before it are in the feed. A standby keeps those of the
+commit it stands at (read from the log when it begins: the term that stored it may
+have died before publishing them) and of every commit after it; the successor
+publishes again only those after the feed's last entry (controller/bus/leader.py:
+``unpublished``), so nothing is stored in the feed twice however old the commit.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +52,9 @@ if TYPE_CHECKING:
     from controller.config import ControllerConfig
 
 log = logging.getLogger("harmonaize.controller.leader")
+
+#: Seconds between a standby's prunings of its mirror (the leader's core prunes as often).
+PRUNE_INTERVAL = 60.0
 
 T = TypeVar("T")
 
@@ -92,6 +99,7 @@ class Standby:
         #: left behind must not apply anything to a successor's state) stops at its
         #: next step.
         self._term = 0
+        self._prune_at = 0.0
 
     @property
     def ready(self) -> bool:
@@ -122,10 +130,16 @@ class Standby:
         if term is not None and term != self._term:
             raise Halted
 
-    async def open(self, term: int | None = None) -> None:
+    async def open(self, term: int | None = None, again: list[FeedEntry] | None = None
+                   ) -> None:
         """Begin from the mirror as it is on disk (a snapshot just fetched, or the file
-        a leader of this process stepped down from)."""
+        a leader of this process stepped down from), with ``again`` (None: nothing) to
+        publish again."""
         self.close()
+        self._install(await self._opened(term), again or [])
+
+    async def _opened(self, term: int | None) -> Warm:
+        """The mirror on disk opened and loaded, not yet the standby's."""
         store = Store(self.mirror, durable=False)
         try:
             hosts, tally = await finished(asyncio.to_thread(self._load))
@@ -133,9 +147,14 @@ class Standby:
         except BaseException:
             store.close()
             raise
-        self.commit_seq = int(store.get_meta("bus_commit_seq") or 0)
-        self.agents_seq = int(store.get_meta("bus_agents_seq") or 0)
-        self.store, self.hosts, self.tally, self.again = store, hosts, tally, []
+        return Warm(store, int(store.get_meta("bus_commit_seq") or 0),
+                    int(store.get_meta("bus_agents_seq") or 0), hosts, tally, [])
+
+    def _install(self, loaded: Warm, again: list[FeedEntry]) -> None:
+        """The standby's state, whole, in one step (nothing awaited between its parts)."""
+        self.close()
+        self.store, self.hosts, self.tally = loaded.store, loaded.hosts, loaded.tally
+        self.commit_seq, self.agents_seq, self.again = loaded.commit_seq, loaded.agents_seq, again
 
     def apply(self, seq: int, data: bytes, *, keep: bool = False) -> None:
         """The commit stored at ``seq``, the next one the log holds after this standby's
@@ -147,9 +166,13 @@ class Standby:
         self.store.commit(writes, meta={"bus_commit_seq": seq,
                                         "bus_agents_seq": commit.agents_seq})
         self.commit_seq, self.agents_seq = seq, commit.agents_seq
-        self.hosts.update((record.host_id, record) for record in writes.hosts)
-        names, cap = self._rules()
-        self.tally.update((record.view() for record in writes.hosts), names, cap)
+        try:
+            self.hosts.update((record.host_id, record) for record in writes.hosts)
+            names, cap = self._rules()
+            self.tally.update((record.view() for record in writes.hosts), names, cap)
+        except BaseException:
+            self.close()  # the mirror has the commit and these may not: begin again
+            raise
         self.again = [*self.again, *writes.feed_log] if keep else list(writes.feed_log)
         self.applied += 1
 
@@ -171,14 +194,26 @@ class Standby:
     async def begin(self, bus: Bus, *, trusted: bool, term: int | None = None) -> None:
         """Ready to follow: from the newest snapshot, or, where the mirror on disk is one
         this process wrote (``trusted``: it stepped down from leading, or followed, on
-        this bus) and no snapshot covers more, from the mirror."""
+        this bus), no snapshot covers more and the log still holds its commit, from the
+        mirror. Either way the publications of the commit it stands at are kept to
+        publish again (a term that stored it may have died before publishing them).
+        The standby is ready only once all of that is done (a following halted or
+        failed midway leaves it as it was)."""
+        self.close()
         if trusted and self.mirror.exists():
-            await self.open(term)
-            newest = snapshots.covers(await snapshots.newest(bus) or "")
-            self._check(term)
-            if newest <= self.commit_seq:
+            loaded = await self._opened(term)
+            try:
+                newest = snapshots.covers(await snapshots.newest(bus) or "")
+                again = (await self._again_from_log(bus, loaded.commit_seq)
+                         if newest <= loaded.commit_seq else None)
+                self._check(term)
+            except BaseException:
+                loaded.store.close()
+                raise
+            if again is not None:
+                self._install(loaded, again)
                 return
-            self.close()
+            loaded.store.close()
         # Fetched beside the mirror and put in its place only while this following is
         # still the standby's: one left behind must not replace a successor's mirror.
         incoming = self.mirror.with_name(self.mirror.name + ".incoming")
@@ -188,22 +223,58 @@ class Standby:
             Path(f"{self.mirror}{suffix}").unlink(missing_ok=True)
         if incoming.exists():
             incoming.replace(self.mirror)
-        await self.open(term)
+        loaded = await self._opened(term)
+        try:
+            again = await self._again_from_log(bus, loaded.commit_seq)
+            self._check(term)
+        except BaseException:
+            loaded.store.close()
+            raise
+        self._install(loaded, again or [])
+
+    @staticmethod
+    async def _again_from_log(bus: Bus, position: int) -> list[FeedEntry] | None:
+        """The publications of the commit at ``position``, from the log (the purge keeps
+        the newest snapshot's own); None: the log does not hold it (the bus was begun
+        anew: a mirror at it is of another history)."""
+        if position == 0:
+            return []
+        data = await bus.commit_at(position)
+        return None if data is None else list(codec.decode(data).writes.feed_log)
 
     async def catch_up(self, bus: Bus, until: int | None, *, keep: bool = False,
                        term: int | None = None) -> None:
         """Apply the log's commits after the standby's position, up to ``until`` (or for
         ever). :class:`Behind` when the log skipped a commit this standby needs;
         :class:`Halted` when ``term`` is no longer the standby's."""
-        async for batch in bus.read(STATE, COMMIT_SUBJECT, self.commit_seq, until=until):
-            self._check(term)
-            for seq, data, _ in batch:
-                if seq != self.commit_seq + 1 and await self._purged_since(bus):
-                    raise Behind(f"the log holds commit {seq} next, the standby is at "
-                                 f"{self.commit_seq}, and a newer snapshot was stored")
+        reading = bus.read(STATE, COMMIT_SUBJECT, self.commit_seq, until=until)
+        async with contextlib.aclosing(reading):
+            async for batch in reading:
                 self._check(term)
-                self.apply(seq, data, keep=keep)
-            await asyncio.sleep(0)  # a long catch-up shares the loop
+                for seq, data, _ in batch:
+                    if seq != self.commit_seq + 1:
+                        purged = await self._purged_since(bus)
+                        self._check(term)
+                        if purged:
+                            raise Behind(f"the log holds commit {seq} next, the standby is "
+                                         f"at {self.commit_seq}, and a newer snapshot was "
+                                         "stored")
+                        log.info("standby: commit %d follows %d (nothing purged between)",
+                                 seq, self.commit_seq)
+                    self.apply(seq, data, keep=keep)
+                if term is not None:
+                    self._prune_if_due()
+                await asyncio.sleep(0)  # a long catch-up shares the loop
+
+    def _prune_if_due(self) -> None:
+        """Old host events and feed messages out of the mirror, as the leader prunes its
+        own (its Prune is not in the log): a standby of days keeps a mirror of a day."""
+        now = time.monotonic()
+        if self.store is None or now < self._prune_at:
+            return
+        self._prune_at = now + PRUNE_INTERVAL
+        self.store.prune_events()
+        self.store.prune_feed(self.cfg.feed.retention)
 
     async def _purged_since(self, bus: Bus) -> bool:
         """Whether commits after the standby's position may have been purged: a snapshot
@@ -214,6 +285,7 @@ class Standby:
         """Follow the log until :meth:`halt` (or the task's cancellation), stopping
         between two commits; begins again from the newest snapshot when behind."""
         term = self._term
+        errors = 0
         while term == self._term:
             try:
                 if not self.ready:
@@ -224,18 +296,22 @@ class Standby:
             except Halted:
                 return
             except Behind as exc:
+                if term != self._term:
+                    return
                 log.warning("standby: %s; from that snapshot again", exc)
                 self.close()
                 trusted = False
             except Exception as exc:
                 # A standby keeps trying: it is never what a takeover waits for (one
-                # begins cold without it).
+                # begins cold without it). Its state is whole between two commits, so it
+                # goes on from where it is, more slowly each time the same fails.
                 if term != self._term:
                     return
+                errors += 1
                 log.warning("standby: %s: %s; again", type(exc).__name__, exc)
-                self.close()
-                trusted = False
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(min(30.0, 2.0 ** min(errors, 5) / 2))
+            else:
+                errors = 0
 
 
 async def finished(work: Awaitable[T]) -> T:
