@@ -103,6 +103,19 @@ def peer_of(host: str) -> bytes:
     return BUS_PEER + host.encode()
 
 
+def fitted(command: str, answer: bytes, limit: int) -> bytes:
+    """An operator's answer as it can cross the bus: one larger than the bus's message
+    limit (``hosts`` of a region: about 150 bytes a host, so past 6,000 hosts at the
+    default 1 MB) is refused in one line instead; sent, the bus would refuse it, and
+    the leader would take that for the bus failing and step down."""
+    if limit <= 0 or len(answer) <= limit:
+        return answer
+    return msgpack.packb({"error": (
+        f"{command}: the answer is {len(answer):,} bytes, over the bus's message limit "
+        f"of {limit:,}; ask for less (harmonctl status gives the counts), or raise "
+        "max_payload on the NATS servers")}, use_bin_type=True)
+
+
 def unpublished(again: list[FeedEntry], last: bytes | None) -> list[FeedEntry]:
     """Of publications read from the log's last commits (in the order their leaders
     published them), those after the feed's ``last`` entry. The feed holds every
@@ -540,6 +553,7 @@ class Leader:
                              wall: float) -> list[Output]:
         """An operator's command a replica forwarded: {command, args}."""
         outputs: list[Output] = []
+        name = "?"
         try:
             request = msgpack.unpackb(msg.data, raw=False)
             name, args = str(request["command"]), dict(request.get("args") or {})
@@ -553,7 +567,9 @@ class Leader:
             answer = {"error": f"malformed request: {exc}"}
         # Answered once what it changed is committed (the outputs run first).
         await self._execute(outputs)
-        await msg.respond(msgpack.packb(answer, use_bin_type=True))
+        assert self.bus.nc is not None
+        await msg.respond(fitted(name, msgpack.packb(answer, use_bin_type=True),
+                                 self.bus.nc.max_payload))
         return []
 
     # --- outputs -------------------------------------------------------------------------
@@ -610,6 +626,8 @@ class Leader:
                 "since": self.took_over_at,
                 "queued": self._queue.qsize(),
                 "hosts": len(self.core.cluster.hosts) if self.core else 0,
+                "hosts_alive": sum(h.alive for h in self.core.cluster.hosts.values())
+                if self.core else 0,
                 "next_deadline_in": (max(0.0, d - time.monotonic()) if self.core and
                                      (d := self.core.next_deadline()) is not None
                                      and math.isfinite(d) else None)}
