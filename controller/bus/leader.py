@@ -28,6 +28,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,7 @@ from controller.store import Store
 from harmonaize.messages import (
     Ack,
     ErrorCode,
+    Message,
     Reply,
     Resync,
     WireError,
@@ -103,17 +105,30 @@ def peer_of(host: str) -> bytes:
     return BUS_PEER + host.encode()
 
 
-def fitted(command: str, answer: bytes, limit: int) -> bytes:
-    """An operator's answer as it can cross the bus: one larger than the bus's message
-    limit (``hosts`` of a region: about 150 bytes a host, so past 6,000 hosts at the
-    default 1 MB) is refused in one line instead; sent, the bus would refuse it, and
-    the leader would take that for the bus failing and step down."""
+def within(answer: bytes, limit: int, refusal: Callable[[str], bytes]) -> bytes:
+    """An answer as it can cross the bus: one larger than the bus's message limit is
+    replaced by ``refusal`` of why. Sent, the bus would refuse it, and the leader would
+    take that for the bus failing and step down: one request would cost a takeover."""
     if limit <= 0 or len(answer) <= limit:
         return answer
-    return msgpack.packb({"error": (
-        f"{command}: the answer is {len(answer):,} bytes, over the bus's message limit "
-        f"of {limit:,}; ask for less (harmonctl status gives the counts), or raise "
-        "max_payload on the NATS servers")}, use_bin_type=True)
+    return refusal(f"the answer is {len(answer):,} bytes, over the bus's message limit "
+                   f"of {limit:,}")
+
+
+def fitted(command: str, answer: bytes, limit: int) -> bytes:
+    """An operator's answer, within the bus's limit (``hosts`` of a region: about 150
+    bytes a host, so past 6,000 hosts at the default 1 MB), or one line saying why not."""
+    return within(answer, limit, lambda why: msgpack.packb({"error": (
+        f"{command}: {why}; ask for less (harmonctl status gives the counts), or raise "
+        "max_payload on the NATS servers")}, use_bin_type=True))
+
+
+def tenant_answer(message: Message, limit: int) -> bytes:
+    """A tenant's answer, within the bus's limit, or a refusal of the same request (by
+    its number) that says only that the answer was too large (nothing of the bus's)."""
+    return within(msgpack.packb(to_plain(message)), limit, lambda _: msgpack.packb(to_plain(
+        Reply(getattr(message, "request", 0), False, "the answer is too large to send; "
+              "ask for less", ErrorCode.UNAVAILABLE.value))))
 
 
 def unpublished(again: list[FeedEntry], last: bytes | None) -> list[FeedEntry]:
@@ -589,7 +604,7 @@ class Leader:
             elif isinstance(out, AnswerTenant):
                 msg = self._pending.pop(out.peer, None)
                 if msg is not None:
-                    await msg.respond(msgpack.packb(to_plain(out.message)))
+                    await msg.respond(tenant_answer(out.message, self.bus.nc.max_payload))
             elif isinstance(out, Prune) and self.store is not None:
                 self.store.prune_events()
                 self.store.prune_feed(out.retention)

@@ -92,8 +92,6 @@ class Standby:
         self.hosts: dict[str, HostRecord] = {}
         self.tally = PoolTally()
         self.again: list[FeedEntry] = []
-        #: Commits applied since this standby began (its own; for status and tests).
-        self.applied = 0
         #: Which following may change the state: one that began under another (halted:
         #: the NATS client can swallow a task's cancellation in a fetch, and a follower
         #: left behind must not apply anything to a successor's state) stops at its
@@ -130,13 +128,9 @@ class Standby:
         if term is not None and term != self._term:
             raise Halted
 
-    async def open(self, term: int | None = None, again: list[FeedEntry] | None = None
-                   ) -> None:
-        """Begin from the mirror as it is on disk (a snapshot just fetched, or the file
-        a leader of this process stepped down from), with ``again`` (None: nothing) to
-        publish again."""
-        self.close()
-        self._install(await self._opened(term), again or [])
+    async def open(self) -> None:
+        """Begin from the mirror as it is on disk, with nothing to publish again."""
+        self._install(await self._opened(None), [])
 
     async def _opened(self, term: int | None) -> Warm:
         """The mirror on disk opened and loaded, not yet the standby's."""
@@ -174,7 +168,6 @@ class Standby:
             self.close()  # the mirror has the commit and these may not: begin again
             raise
         self.again = [*self.again, *writes.feed_log] if keep else list(writes.feed_log)
-        self.applied += 1
 
     def hand_over(self) -> Warm:
         """Everything, to a successor; the standby holds nothing after."""

@@ -12,9 +12,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from controller.bus.leader import Leader, fitted
+from controller.bus.leader import Leader, fitted, tenant_answer
 from controller.bus.nats import LEADER_ADMIN, Bus
-from tests.controller.cluster.test_standby import HOSTS, config, store_wave, until
+from harmonaize.messages import ErrorCode, Reply
+from harmonaize.schema import from_plain, to_plain
+from tests.controller.cluster.test_standby import HOSTS, config, end, store_wave, until
 
 pytestmark = pytest.mark.cluster
 
@@ -53,10 +55,7 @@ def test_an_answer_too_large_for_the_bus_is_refused_in_one_line_and_the_leader_s
             assert view["leading"] and view["terms"] == 1  # type: ignore[index]
             assert view["hosts_alive"] == len(HOSTS)  # type: ignore[index]
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 20)
-            await door.close()
-            await bus.close()
+            await end(stop, task, door, bus)
 
     asyncio.run(scenario())
 
@@ -66,3 +65,14 @@ def test_an_answer_within_the_limit_goes_as_it_is() -> None:
     assert fitted("hosts", answer, len(answer)) == answer
     assert fitted("hosts", answer, 0) == answer  # a limit the server did not say
     assert "error" in msgpack.unpackb(fitted("hosts", answer, len(answer) - 1))
+
+
+def test_a_tenants_answer_too_large_for_the_bus_is_a_refusal_of_the_same_request() -> None:
+    """The same for a tenant's answer (its own negotiations, say): a refusal of its
+    request, saying nothing of the bus, instead of a takeover."""
+    reply = Reply(7, True, "x" * 400)
+    assert msgpack.unpackb(tenant_answer(reply, 10_000)) == to_plain(reply)
+    refused = from_plain(Reply, msgpack.unpackb(tenant_answer(reply, 100)))
+    assert (refused.request, refused.ok, refused.code) == (7, False,
+                                                    ErrorCode.UNAVAILABLE.value)
+    assert "too large" in refused.error and "bytes" not in refused.error

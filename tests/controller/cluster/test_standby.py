@@ -90,6 +90,16 @@ async def until(predicate: Any) -> None:
         await asyncio.sleep(0.01)
 
 
+async def end(stop: asyncio.Event, task: asyncio.Task[None], *buses: Bus) -> None:
+    """A leader's run stopped and waited for, then the test's connections closed."""
+    stop.set()
+    try:
+        await asyncio.wait_for(task, 20)
+    finally:
+        for bus in buses:
+            await bus.close()
+
+
 def tables(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every table's rows, sorted; of the meta table the positions only (each file has
     its own feed epoch, drawn when it was begun)."""

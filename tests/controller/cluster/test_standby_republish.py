@@ -17,7 +17,7 @@ from controller.bus.leader import Leader, unpublished
 from controller.bus.nats import Bus
 from controller.bus.standby import Standby
 from controller.outputs import FeedEntry
-from tests.controller.cluster.test_standby import _feed, config, store_wave, until
+from tests.controller.cluster.test_standby import _feed, config, end, store_wave, until
 
 pytestmark = pytest.mark.cluster
 
@@ -56,10 +56,7 @@ def test_a_commit_whose_publications_failed_reaches_the_feed_after_a_term_of_the
                       for n in range(1, last + 1)}
             assert set(have) == wanted and set(have.values()) == {1}
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 20)
-            await door.close()
-            await bus.close()
+            await end(stop, task, door, bus)
 
     asyncio.run(scenario())
 
