@@ -55,9 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, free_port, percentile, scratch, wait_until
 from bench.load.agents import BEHIND, Share, generate
+from bench.load.bus import replica_bus
 from harmonaize import keys
 from harmonaize.opsocket import request
-from testbed.natscluster import nats_server
 
 #: A step that failed while other processes used this share of the controller's core
 #: says nothing about the controller: it is undecided.
@@ -146,7 +146,7 @@ def main() -> int:
             '[pools]\nnames = ["scale"]\ngpu_classes = ["H200"]\n'
         )
         admin = work / "controller.sock"
-        nats = start_nats(work, set(cpus[1:]), cfg) if args.cluster else None
+        nats = replica_bus(work, cfg, set(cpus[1:])) if args.cluster else None
         try:
             return drive(args, steps, cpus=cpus, cfg=cfg, admin=admin, work=work, listen=listen,
                          server=server, pairs=pairs, nats=nats)
@@ -154,21 +154,6 @@ def main() -> int:
             if nats is not None:
                 nats.send_signal(signal.SIGTERM)
                 nats.wait(timeout=10)
-
-
-def start_nats(work: Path, cpus: set[int], cfg: Path) -> subprocess.Popen[bytes]:
-    """One JetStream node on loopback, and the controller's configuration made a replica's."""
-    port = free_port()
-    (work / "nats").mkdir()
-    with (work / "nats.log").open("wb") as out:
-        proc = subprocess.Popen([nats_server(), "-a", "127.0.0.1", "-p", str(port), "-js",
-                                 "-sd", str(work / "nats")], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    os.sched_setaffinity(proc.pid, cpus)
-    with cfg.open("a") as f:
-        f.write(f'[cluster]\nenabled = true\nreplica = "r1"\n'
-                f'servers = ["nats://127.0.0.1:{port}"]\nstream_replicas = 1\n')
-    return proc
 
 
 def streams(cfg: Path) -> None:

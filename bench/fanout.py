@@ -18,6 +18,13 @@ publication's stamp (the envelope's for ZeroMQ, the CloudEvent's ``time`` for SS
 clock: everything runs on this machine). Prints p50 and p99 over every receipt of each
 transport, the controller's CPU during the rounds and the subscribers'; the last line is
 ``fanout P99 ms``, the worse transport's.
+
+``--cluster`` runs the controller as the one replica of cluster mode (a JetStream node on
+the subscribers' CPUs, its CPU printed beside): a publication is then made by the
+replica's leader, stored on the bus and read back by the replica, which fans it out to
+its own subscribers, as each replica of a region does with its share of them. The stamp
+is the leader's, so a receipt's latency includes the bus. A region's replicas each serve
+their share on their own cores; docs/scaling.md extends this figure by that model.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import daemon, free_port, percentile, scratch, wait_until
+from bench.load.bus import replica_bus
 from bench.load.subscribers import start_workers
 from harmonaize import keys
 from harmonaize import messages as m
@@ -147,6 +155,9 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=0.5,
                         help="seconds between publications")
     parser.add_argument("--workers", type=int, default=4, help="processes per transport")
+    parser.add_argument("--cluster", action="store_true",
+                        help="the controller as a cluster-mode replica (its leader too), "
+                        "NATS JetStream in the path")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write py-spy's collapsed stacks of the controller during the "
                         "rounds here (py-spy must be on PATH)")
@@ -183,12 +194,28 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
     listen, feed = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     port = free_port()
     cfg = config(work, keyring, listen, feed, port)
+    bus = replica_bus(work, cfg, others) if args.cluster else None
+    try:
+        return measure(args, transports, work, keyring, cfg, listen=listen, feed=feed,
+                       port=port, controller_cpu=controller_cpu, others=others, bus=bus)
+    finally:
+        if bus is not None:
+            bus.terminate()
+            bus.wait(timeout=10)
+
+
+def measure(args: argparse.Namespace, transports: list[str], work: Path, keyring: Keyring,
+            cfg: Path, *, listen: str, feed: str, port: int, controller_cpu: set[int],
+            others: set[int], bus: subprocess.Popen[bytes] | None) -> int:
     n_tenants = max(10, -(-args.subscribers * len(transports) // PER_TENANT))
     tenants = [f"tenant-{i}" for i in range(n_tenants)]
     creds = {name: keyring.tenant(name) for name in tenants}
     admin = work / "controller.sock"
     with daemon("controller.main", cfg, work / "controller.log", admin) as proc:
         pin(proc.pid, controller_cpu)
+        if bus is not None:  # the replica answers agents once it leads
+            wait_until(lambda: (request(admin, "status").get("cluster") or {}).get("leading"),
+                       timeout=60)
         ctx = zmq.Context()
         agents = {t: agent_socket(ctx, listen, keyring, POOLS[t]) for t in transports}
         tokens = {t: request(admin, "token-issue", {"tenant": t, "days": 1})["token"]
@@ -220,6 +247,7 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
         spy = profiler(args, proc.pid)
         ctl_cpu, wall = cpu_seconds(proc.pid), time.monotonic()
         io_cpu = io_thread_seconds(proc.pid)
+        bus_cpu = cpu_seconds(bus.pid) if bus is not None else 0.0
         for i in range(args.rounds):
             kind = transports[i % len(transports)]
             turn = i // len(transports)
@@ -234,6 +262,7 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
             time.sleep(args.interval)
         ctl_cpu, wall = cpu_seconds(proc.pid) - ctl_cpu, time.monotonic() - wall
         io_cpu = io_thread_seconds(proc.pid) - io_cpu
+        bus_cpu = cpu_seconds(bus.pid) - bus_cpu if bus is not None else None
         subs_used = sum(cpu_seconds(p.pid) - subs_cpu[p.pid] for p in procs)
         if spy is not None:
             spy.wait(timeout=60)
@@ -259,14 +288,14 @@ def run(args: argparse.Namespace, transports: list[str], work: Path,
         ctx.destroy(linger=0)
     return report(args, transports, latencies, per_kind=per_kind,
                   dropped=stats.get("dropped", 0) - before.get("dropped", 0), ctl_cpu=ctl_cpu,
-                  io_cpu=io_cpu, subs_cpu=subs_used, wall=wall, n_tenants=n_tenants,
-                  n_others=len(others))
+                  io_cpu=io_cpu, subs_cpu=subs_used, bus_cpu=bus_cpu, wall=wall,
+                  n_tenants=n_tenants, n_others=len(others))
 
 
 def report(args: argparse.Namespace, transports: list[str], latencies: dict[str, list[float]],
            *, per_kind: dict[str, int], dropped: int, ctl_cpu: float, io_cpu: float,
-           subs_cpu: float,
-           wall: float, n_tenants: int, n_others: int) -> int:
+           subs_cpu: float, bus_cpu: float | None, wall: float, n_tenants: int,
+           n_others: int) -> int:
     sends = sum(per_kind[k] * args.subscribers for k in transports)
     print(f"subscribers {args.subscribers} per transport over {n_tenants} tenants "
           f"(CurveZMQ; SSE over plain HTTP on loopback), publications {args.rounds} "
@@ -277,6 +306,10 @@ def report(args: argparse.Namespace, transports: list[str], latencies: dict[str,
           f"receipt (ZeroMQ's I/O thread {1e6 * io_cpu / sends:.1f}, the rest "
           f"{1e6 * (ctl_cpu - io_cpu) / sends:.1f}); subscribers: {subs_cpu:.2f} s "
           f"({100 * subs_cpu / wall / n_others:.0f} % of their {n_others} CPU(s))")
+    if bus_cpu is not None:
+        print(f"cluster mode (the controller a replica leading itself): nats-server "
+              f"{bus_cpu:.2f} s ({100 * bus_cpu / wall:.0f} % of a CPU); a stamp is the "
+              "leader's, a latency includes the bus")
     worst, failed = 0.0, False
     for kind in transports:
         got, expected = latencies[kind], per_kind[kind] * args.subscribers

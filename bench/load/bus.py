@@ -4,6 +4,7 @@ its streams and buckets made as a replica makes them."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -22,6 +23,17 @@ def jetstream(work: Path) -> tuple[subprocess.Popen[bytes], str]:
                                    "-js", "-sd", str(work / "js")], stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     return server, f"nats://127.0.0.1:{port}"
+
+
+def replica_bus(work: Path, cfg: Path, cpus: set[int]) -> subprocess.Popen[bytes]:
+    """A JetStream node on ``cpus`` (streams of one copy), and the controller configured at
+    ``cfg`` made the one replica of a cluster on it; the caller stops the node."""
+    server, url = jetstream(work)
+    os.sched_setaffinity(server.pid, cpus)
+    with cfg.open("a") as f:
+        f.write(f'[cluster]\nenabled = true\nreplica = "r1"\nservers = ["{url}"]\n'
+                "stream_replicas = 1\n")
+    return server
 
 
 async def prepare(cfg_path: Path) -> None:
