@@ -370,7 +370,7 @@ class ReplicaServer(AgentDoors, ControllerServer):
 
     async def cluster_view(self) -> dict[str, Any]:
         """Who leads, and which replicas are present (for ``status``)."""
-        holders = await self.bus.holders()
-        return {"leader": holders.get(LEADER_KEY),
+        holders, unread = await self.bus.holders()
+        return {"leader": holders.get(LEADER_KEY), "leader_unread": LEADER_KEY in unread,
                 "replicas": {k.removeprefix("replica."): json.loads(v)
                              for k, v in holders.items() if k.startswith("replica.")}}

@@ -326,22 +326,25 @@ class Bus:
         with contextlib.suppress(Exception):
             await self.leases.delete(key, last=revision)
 
-    async def holders(self) -> dict[str, str]:
-        """Every lease and presence now: key -> holder. A read the bus answers late (a
-        busy node) is tried again rather than shown as "nobody holds it"."""
+    async def holders(self) -> tuple[dict[str, str], set[str]]:
+        """Every lease and presence now (key -> holder), and the keys the bus did not
+        answer for. A read answered late (a busy node) is tried again rather than shown as
+        "nobody holds it". The leader's lease is read by its name whatever the listing of
+        keys did: the listing is a watch over the bucket, which a loaded bus can leave
+        unanswered or cut short while the leader's lease is plainly held."""
         assert self.leases is not None
         out: dict[str, str] = {}
+        unread: set[str] = set()
         keys: list[str] = []
         for attempt in range(3):
             try:
                 keys = await self.leases.keys()
                 break
             except NoKeysError:  # no lease and no replica present
-                return out
+                break
             except Exception:  # a timeout, or a node changing leader
-                if attempt == 2:
-                    return out
-                await asyncio.sleep(0.1)
+                if attempt < 2:
+                    await asyncio.sleep(0.1)
         for key in {LEADER_KEY, *keys}:
             for attempt in range(3):
                 try:
@@ -351,14 +354,10 @@ class Bus:
                 except Exception:  # as above
                     if attempt < 2:
                         await asyncio.sleep(0.1)
+                    else:
+                        unread.add(key)
                     continue
                 if entry.value:
                     out[key] = entry.value.decode()
                 break
-        return out
-        for key in keys:
-            with contextlib.suppress(Exception):
-                entry = await self.leases.get(key)
-                if entry.value:
-                    out[key] = entry.value.decode()
-        return out
+        return out, unread

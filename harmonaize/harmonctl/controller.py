@@ -36,7 +36,9 @@ def _cluster_fields(cluster: dict[str, Any] | None) -> list[tuple[str, Any]]:
     replicas = cluster.get("replicas") or {}
     return [
         ("replica", f"{cluster.get('replica')} (bus {cluster.get('bus')})"),
-        ("leader", cluster.get("leader") or "none (an election is under way)"),
+        ("leader", cluster.get("leader") or ("unknown (the bus did not answer in time)"
+                                             if cluster.get("leader_unread")
+                                             else "none (an election is under way)")),
         ("leading", "no" if not leading else
          f"yes: term {leading.get('terms')}, commit {leading.get('commit')}, agents' stream "
          f"{leading.get('agents_stream')}, {leading.get('hosts')} hosts, queued "
