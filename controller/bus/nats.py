@@ -37,7 +37,6 @@ from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NotFoundError,
 )
 
@@ -326,21 +325,28 @@ class Bus:
         with contextlib.suppress(Exception):
             await self.leases.delete(key, last=revision)
 
+    async def _lease_keys(self) -> list[str]:
+        """The lease bucket's keys, from its stream's own list of subjects: one request.
+        (nats-py's ``keys()`` is a watch that, on a loaded machine, can end before the
+        first key reaches it and then says there are none: seen as a replica's status
+        naming no leader, or no replicas, while both were plainly there.)"""
+        assert self.js is not None
+        prefix = f"$KV.{LEASES}."
+        info = await self.js.stream_info(f"KV_{LEASES}", subjects_filter=f"{prefix}>")
+        return [subject.removeprefix(prefix) for subject in info.state.subjects or {}]
+
     async def holders(self) -> tuple[dict[str, str], set[str]]:
         """Every lease and presence now (key -> holder), and the keys the bus did not
         answer for. A read answered late (a busy node) is tried again rather than shown as
-        "nobody holds it". The leader's lease is read by its name whatever the listing of
-        keys did: the listing is a watch over the bucket, which a loaded bus can leave
-        unanswered or cut short while the leader's lease is plainly held."""
+        "nobody holds it"; the leader's lease is read by its name even if listing the
+        bucket failed."""
         assert self.leases is not None
         out: dict[str, str] = {}
         unread: set[str] = set()
         keys: list[str] = []
         for attempt in range(3):
             try:
-                keys = await self.leases.keys()
-                break
-            except NoKeysError:  # no lease and no replica present
+                keys = await self._lease_keys()
                 break
             except Exception:  # a timeout, or a node changing leader
                 if attempt < 2:

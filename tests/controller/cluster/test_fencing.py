@@ -85,3 +85,28 @@ def test_only_one_replica_stores_for_a_host_at_each_position(server: str) -> Non
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_the_holders_are_every_lease_held_now_and_none_released_or_lapsed(server: str) -> None:
+    """What a replica's status names: read from the bucket's own list of keys (the watch
+    nats-py lists keys with could end before the first key on a loaded machine and name
+    nobody), a released lease and a lapsed one not among them."""
+    async def scenario() -> None:
+        a, b = bus(server, "a"), bus(server, "b")
+        await a.connect()
+        await b.connect()
+        try:
+            assert await b.holders() == ({}, set())  # nothing held yet
+            held = await a.acquire(LEADER_KEY, "a")
+            assert held is not None
+            await a.acquire("replica.a", "{}")
+            gone = await b.acquire("replica.b", "{}")
+            assert gone is not None
+            await b.release("replica.b", gone)  # b stopped: its presence deleted
+            assert await b.holders() == ({LEADER_KEY: "a", "replica.a": "{}"}, set())
+            await asyncio.sleep(1.6)  # nobody renews: both lapse
+            assert await b.holders() == ({}, set())
+        finally:
+            await a.close()
+            await b.close()
+    asyncio.run(scenario())
