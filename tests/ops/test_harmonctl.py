@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harmonaize.harmonctl import LOCAL, TOKEN_COMMANDS, build_parser, subcommands
+from harmonaize.harmonctl.controller import _cluster_fields
 from tests.conftest import needs_root, python
 from tests.daemons import NO_LINKS, fake_gpus, gpu_section, start_agent, start_controller
 
@@ -199,3 +200,13 @@ comp harmonctl --ti
     zsh = harmonctl("completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef harmonctl\n")
     assert all(command in zsh.stdout for command in subcommands(build_parser()))
+
+
+def test_a_replicas_status_tells_an_unread_leader_from_an_election() -> None:
+    """A leader the bus did not answer for is not shown as nobody leading."""
+    def leader(cluster: dict[str, object]) -> object:
+        return dict(_cluster_fields({"replica": "r2", "bus": "connected", **cluster}))["leader"]
+    assert leader({"leader": "r3"}) == "r3"
+    assert leader({"leader": None}) == "none (an election is under way)"
+    assert leader({"leader": None, "leader_unread": True}) == (
+        "unknown (the bus did not answer in time)")
